@@ -1,0 +1,157 @@
+"""Shared primitives: the error type, strict JSON, and the seed's value checks.
+
+Every record in this package is compact JSON, byte-identical to JavaScript's
+``JSON.stringify``; every check here mirrors one of the seed's predicates.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+SCHEMA_VERSION = 1
+MAX_SAFE_INTEGER = 2**53 - 1
+MAX_LINE_BYTES = 16 * 1024
+MAX_DIAGNOSTIC_CHARS = 512
+
+
+class TmuxOwnerError(Exception):
+    """A lifecycle operation refused; ``code`` (and ``str()``) is the seed's bare code.
+
+    Example codes: ``generation_replay``, ``immutable_record_conflict``,
+    ``immutable_record_corrupt``, ``verdict_lock_timeout``.
+    """
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+    def __str__(self) -> str:
+        return self.code
+
+
+def dumps(value: Any) -> str:
+    """Serialise exactly as JavaScript's ``JSON.stringify`` (compact, non-ASCII raw)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def dumps_line(value: Any) -> bytes:
+    """The on-disk form of a record: compact JSON, one trailing newline, UTF-8."""
+    return (dumps(value) + "\n").encode("utf-8")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+def loads(text: str | bytes) -> Any:
+    """Parse JSON as JavaScript's ``JSON.parse`` would, but refuse NaN/Infinity and lone surrogates."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8")
+    value = json.loads(text, parse_constant=_reject_constant)
+    _reject_surrogates(value)
+    return value
+
+
+def _reject_surrogates(value: Any) -> None:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise ValueError("lone surrogate in JSON string") from error
+    elif isinstance(value, list):
+        for item in value:
+            _reject_surrogates(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _reject_surrogates(key)
+            _reject_surrogates(item)
+
+
+def is_record(value: Any) -> bool:
+    """A JSON object (the seed's ``isRecord``)."""
+    return isinstance(value, dict)
+
+
+def has_only_keys(record: Mapping[str, Any], allowed: Iterable[str]) -> bool:
+    """No key outside ``allowed`` (the seed's ``hasOnlyKeys``; missing keys are checked separately)."""
+    allowed_set = set(allowed)
+    return all(key in allowed_set for key in record)
+
+
+def has_exact_keys(record: Mapping[str, Any], keys: Iterable[str]) -> bool:
+    """Exactly the keys ``keys``, no more and no fewer."""
+    return set(record) == set(keys)
+
+
+def non_empty(value: Any) -> bool:
+    """A string of at least one character (the seed's ``nonEmpty``)."""
+    return isinstance(value, str) and len(value) > 0
+
+
+def is_safe_integer(value: Any) -> bool:
+    """``Number.isSafeInteger``: an int (never a bool) within +-(2**53 - 1).
+
+    An integral float such as ``12.0`` is accepted, as JavaScript cannot tell it
+    from ``12``; JSON parsed by :func:`loads` yields ``12.0`` only for ``12.0`` text.
+    """
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER
+    if isinstance(value, float):
+        return math.isfinite(value) and value.is_integer() and abs(value) <= MAX_SAFE_INTEGER
+    return False
+
+
+_CANONICAL_UTC = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]{3}))?Z")
+
+
+def is_canonical_utc_timestamp(value: Any) -> bool:
+    """A real UTC instant written ``YYYY-MM-DDTHH:MM:SS[.mmm]Z`` (the seed's ``isCanonicalUtcTimestamp``)."""
+    if not isinstance(value, str):
+        return False
+    match = _CANONICAL_UTC.fullmatch(value)
+    if match is None:
+        return False
+    year, month, day, hour, minute, second = (int(part) for part in match.groups()[:6])
+    if not 1 <= month <= 12 or hour > 23 or minute > 59 or second > 59:
+        return False
+    if month == 2:
+        leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+        days_in_month = 29 if leap else 28
+    elif month in (4, 6, 9, 11):
+        days_in_month = 30
+    else:
+        days_in_month = 31
+    return 1 <= day <= days_in_month
+
+
+def iso_now(now_ms: int | None = None) -> str:
+    """JavaScript's ``new Date().toISOString()``: ``YYYY-MM-DDTHH:MM:SS.mmmZ`` in UTC."""
+    millis = int(time.time() * 1000) if now_ms is None else now_ms
+    moment = datetime.fromtimestamp(millis // 1000, tz=UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S") + f".{millis % 1000:03d}Z"
+
+
+def safe_diagnostic(value: str) -> str:
+    """Bound a diagnostic to the seed's 512 characters."""
+    return value[:MAX_DIAGNOSTIC_CHARS]
+
+
+_FORBIDDEN_COMPONENTS = {"", ".", ".."}
+
+
+def is_safe_path_component(value: Any) -> bool:
+    """Beyond the seed: a session id, generation or token that becomes a path component.
+
+    Refuses empty, ``.``, ``..``, and anything containing ``/`` or NUL.
+    """
+    return (
+        isinstance(value, str) and value not in _FORBIDDEN_COMPONENTS and "/" not in value and "\0" not in value
+    )
