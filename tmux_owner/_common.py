@@ -35,6 +35,17 @@ class TmuxOwnerError(Exception):
         return self.code
 
 
+class InvalidRecordError(TmuxOwnerError, ValueError):
+    """A JSON value does not have the exact shape the seed accepts for a record."""
+
+    def __init__(self, record: str) -> None:
+        super().__init__("invalid_record")
+        self.record = record
+
+    def __str__(self) -> str:
+        return f"invalid_record: {self.record}"
+
+
 def dumps(value: Any) -> str:
     """Serialise exactly as JavaScript's ``JSON.stringify`` (compact, non-ASCII raw)."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)

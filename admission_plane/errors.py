@@ -1,0 +1,127 @@
+"""The exceptions callers catch.
+
+Every error raised by :mod:`admission_plane` derives from :class:`AdmissionError`. The
+seed's typed errors keep their exact messages (observable and matched by tests), and
+none of them embeds a request or lease identifier.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AdmissionConflictError",
+    "AdmissionError",
+    "AdmissionMigrationError",
+    "AdmissionRuntimeError",
+    "AdmissionStateError",
+    "InvalidInputError",
+    "LeaseFenceError",
+    "PayloadConflictError",
+    "PayloadExpiredError",
+    "ProcessEvidenceError",
+    "ProcessGoneError",
+    "ProcessUnverifiableError",
+    "RecoverableDispatchInventoryError",
+    "SchemaIntegrityError",
+    "UnknownLeaseError",
+    "UnknownRequestError",
+]
+
+
+class AdmissionError(Exception):
+    """Base class of every error this library raises on purpose."""
+
+
+class InvalidInputError(AdmissionError, ValueError):
+    """An argument failed validation; nothing was written."""
+
+
+class AdmissionStateError(AdmissionError):
+    """The operation does not apply to the current durable state (the seed's plain ``Error``s).
+
+    Examples: ``request is no longer queued``, ``lease is not admitted``,
+    ``concurrent start limit reached``. The transaction was rolled back.
+    """
+
+
+class UnknownRequestError(AdmissionStateError, LookupError):
+    """No request has the given id (message ``unknown request``)."""
+
+    def __init__(self) -> None:
+        super().__init__("unknown request")
+
+
+class UnknownLeaseError(AdmissionStateError, LookupError):
+    """No lease has the given id (message ``unknown lease``)."""
+
+    def __init__(self) -> None:
+        super().__init__("unknown lease")
+
+
+class AdmissionConflictError(AdmissionError):
+    """A request id was reused with different immutable metadata."""
+
+    def __init__(self) -> None:
+        super().__init__("request identity was reused with different immutable metadata")
+
+
+class PayloadExpiredError(AdmissionError):
+    """The request's sealed payload passed its expiry and was deleted."""
+
+    def __init__(self) -> None:
+        super().__init__("request payload has expired")
+
+
+class PayloadConflictError(AdmissionError):
+    """The request already holds a different durable payload."""
+
+    def __init__(self) -> None:
+        super().__init__("request already has a different durable payload")
+
+
+class LeaseFenceError(AdmissionError):
+    """The lease is not owned by the supplied (lease id, generation, owner) fence."""
+
+    def __init__(self) -> None:
+        super().__init__("lease is not owned by the supplied generation fence")
+
+
+class RecoverableDispatchInventoryError(AdmissionError):
+    """Durable recovery inventory contains a row that cannot be trusted."""
+
+    def __init__(self) -> None:
+        super().__init__("recoverable dispatch inventory contains an invalid durable row")
+
+
+class AdmissionMigrationError(AdmissionError):
+    """The schema cannot be migrated (or adopted) safely; nothing was changed."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"admission schema migration failed: {detail}")
+        self.detail = detail
+
+
+class SchemaIntegrityError(AdmissionError):
+    """A live database does not match the expected schema (fail closed, never repaired)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"admission schema integrity check failed: {detail}")
+        self.detail = detail
+
+
+class AdmissionRuntimeError(AdmissionError):
+    """Durable runtime state (policy, drain) forbids the operation."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"admission runtime error: {message}")
+
+
+class ProcessEvidenceError(AdmissionError):
+    """Linux process evidence could not be captured."""
+
+
+class ProcessGoneError(ProcessEvidenceError):
+    """The process does not exist (``/proc/<pid>`` is absent)."""
+
+
+class ProcessUnverifiableError(ProcessEvidenceError):
+    """The process's evidence could not be read or parsed; nothing may be inferred from it."""
