@@ -1,0 +1,108 @@
+"""Engine construction: the one place every database connection is configured.
+
+SQLite: ``foreign_keys=ON``, ``journal_mode=WAL``, ``synchronous=FULL`` and a
+``busy_timeout`` on every connection; pysqlite's own transaction handling is switched
+off (``isolation_level=None``) and transactions are begun explicitly, ``BEGIN IMMEDIATE``
+by default, so a writer takes the database's write lock before it reads and waits on
+``busy_timeout`` instead of failing mid-transaction (SQLAlchemy's documented pysqlite
+recipe). A connection may ask for a deferred ``BEGIN`` with the execution option
+``sqlite_begin="DEFERRED"`` (read-only work).
+
+PostgreSQL (``postgresql+psycopg://``): ``READ COMMITTED``; operations that change
+seats, starts or the queue serialise on a transaction-level advisory lock (see
+:mod:`admission_plane.unit_of_work`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
+from .errors import InvalidInputError
+
+DEFAULT_BUSY_TIMEOUT_MS = 5_000
+SQLITE_BEGIN_OPTION = "sqlite_begin"
+_SQLITE_BEGIN_MODES = {"IMMEDIATE": "BEGIN IMMEDIATE", "DEFERRED": "BEGIN", "EXCLUSIVE": "BEGIN EXCLUSIVE"}
+
+
+def parse_url(url: str | URL | os.PathLike[str]) -> URL:
+    """Accept a SQLAlchemy URL, or a filesystem path meaning an SQLite file.
+
+    Raises :class:`InvalidInputError` for anything else (including ``:memory:``,
+    which cannot be shared between connections or processes).
+    """
+    if isinstance(url, URL):
+        parsed = url
+    else:
+        text = os.fspath(url)
+        if "://" not in text:
+            if not text or text == ":memory:":
+                raise InvalidInputError("database must be an SQLite file path or a database URL")
+            return URL.create("sqlite+pysqlite", database=os.path.abspath(text))
+        try:
+            parsed = make_url(text)
+        except ArgumentError as error:
+            raise InvalidInputError(f"invalid database URL: {error}") from None
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        if not parsed.database or parsed.database == ":memory:":
+            raise InvalidInputError("an in-memory SQLite database cannot hold a shared admission plane")
+        if parsed.drivername == "sqlite":
+            parsed = parsed.set(drivername="sqlite+pysqlite")
+    elif backend == "postgresql":
+        if parsed.drivername == "postgresql":
+            parsed = parsed.set(drivername="postgresql+psycopg")
+    else:
+        raise InvalidInputError(f"unsupported database backend {backend!r} (use sqlite or postgresql)")
+    return parsed
+
+
+def create_admission_engine(
+    url: str | URL | os.PathLike[str],
+    *,
+    busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+    **engine_options: Any,
+) -> Engine:
+    """Create an engine configured for the admission plane (see the module docstring)."""
+    parsed = parse_url(url)
+    if isinstance(busy_timeout_ms, bool) or not isinstance(busy_timeout_ms, int) or busy_timeout_ms < 0:
+        raise InvalidInputError("busy_timeout_ms must be a non-negative integer")
+    if parsed.get_backend_name() == "sqlite":
+        connect_args = dict(engine_options.pop("connect_args", {}))
+        connect_args.setdefault("check_same_thread", False)
+        # The driver's busy handler waits this long for the write lock (seconds).
+        connect_args.setdefault("timeout", busy_timeout_ms / 1000)
+        engine = create_engine(parsed, connect_args=connect_args, **engine_options)
+        _install_sqlite_hooks(engine, busy_timeout_ms)
+        return engine
+    engine_options.setdefault("isolation_level", "READ COMMITTED")
+    engine_options.setdefault("pool_pre_ping", True)
+    return create_engine(parsed, **engine_options)
+
+
+def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("PRAGMA foreign_keys = ON")
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute("PRAGMA synchronous = FULL")
+            cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        mode = connection.get_execution_options().get(SQLITE_BEGIN_OPTION, "IMMEDIATE")
+        connection.exec_driver_sql(_SQLITE_BEGIN_MODES[mode])
+
+
+def is_sqlite(engine: Engine) -> bool:
+    """Whether ``engine`` talks to SQLite."""
+    return engine.dialect.name == "sqlite"

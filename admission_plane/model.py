@@ -1,0 +1,298 @@
+"""SQLAlchemy 2.0 entities for every table of the seed's v3 schema.
+
+Column names, order, declared SQLite types, NOT NULL, defaults, foreign keys and index
+names match the seed byte for byte (a database written by the original connector is
+adopted as-is). Integer columns are ``INTEGER`` on SQLite and ``BIGINT`` on PostgreSQL:
+millisecond timestamps, generations and namespace inodes overflow a 32-bit integer.
+The Alembic history in ``migrations/`` is the source of the physical schema; these
+entities describe the same schema for queries and for ``alembic check``.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    Text,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+#: ``INTEGER`` on SQLite (the seed's declared type, and a rowid alias where it is the key),
+#: ``BIGINT`` elsewhere.
+Int64 = BigInteger().with_variant(Integer(), "sqlite")
+
+#: Tables owned by the admission plane (the seed's list for the "unversioned tables" refusal).
+ADMISSION_TABLES = (
+    "turn_requests",
+    "leases",
+    "cooldowns",
+    "turn_payloads",
+    "lease_process_identities",
+    "start_history",
+    "sessions",
+    "events",
+    "policy_state",
+    "queued_owner_instances",
+)
+
+
+class Base(DeclarativeBase):
+    """Declarative base holding the admission metadata."""
+
+    metadata = MetaData()
+
+
+class SchemaMigration(Base):
+    """The seed's migration ledger: one row per applied seed version (1, 2, 3)."""
+
+    __tablename__ = "schema_migrations"
+
+    version: Mapped[int] = mapped_column(Int64, primary_key=True, autoincrement=False)
+    name: Mapped[str] = mapped_column(Text, nullable=False)
+    applied_at: Mapped[int] = mapped_column(Int64, nullable=False)
+
+
+class TurnRequest(Base):
+    """One agent turn, from ``queued`` to a terminal state or ``recovery_required``."""
+
+    __tablename__ = "turn_requests"
+    __table_args__ = (
+        Index("turn_requests_queue", "state", "enqueued_at"),
+        Index(
+            "turn_requests_queued_owner",
+            "queued_owner_instance_id",
+            sqlite_where=text("queued_owner_instance_id IS NOT NULL"),
+            postgresql_where=text("queued_owner_instance_id IS NOT NULL"),
+        ),
+    )
+
+    request_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    session_id: Mapped[str] = mapped_column(Text, nullable=False)
+    agent_id: Mapped[str] = mapped_column(Text, nullable=False)
+    fingerprint: Mapped[str] = mapped_column(Text, nullable=False)
+    provider: Mapped[str] = mapped_column(Text, nullable=False)
+    model: Mapped[str] = mapped_column(Text, nullable=False)
+    state: Mapped[str] = mapped_column(Text, nullable=False)
+    enqueued_at: Mapped[int] = mapped_column(Int64, nullable=False)
+    deadline_at: Mapped[int] = mapped_column(Int64, nullable=False)
+    lease_generation: Mapped[int] = mapped_column(Int64, nullable=False, server_default=text("0"))
+    terminal_at: Mapped[int | None] = mapped_column(Int64)
+    queued_owner_instance_id: Mapped[str | None] = mapped_column(Text)
+    queued_owner_recorded_at: Mapped[int | None] = mapped_column(Int64)
+
+    lease: Mapped[Lease | None] = relationship(back_populates="request", uselist=False)
+    payload: Mapped[TurnPayload | None] = relationship(back_populates="request", uselist=False)
+
+
+class Lease(Base):
+    """A seat held by one admitted request, fenced by (lease id, generation, owner)."""
+
+    __tablename__ = "leases"
+    __table_args__ = (
+        Index("leases_phase", "phase"),
+        CheckConstraint(
+            "suspect_reason IS NULL OR suspect_reason IN ('heartbeat_expired', 'identity_unverifiable')",
+            name="leases_suspect_reason_check",
+        ),
+    )
+
+    lease_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    request_id: Mapped[str] = mapped_column(
+        Text, ForeignKey("turn_requests.request_id"), nullable=False, unique=True
+    )
+    generation: Mapped[int] = mapped_column(Int64, nullable=False)
+    owner_instance_id: Mapped[str] = mapped_column(Text, nullable=False)
+    phase: Mapped[str] = mapped_column(Text, nullable=False)
+    acquired_at: Mapped[int] = mapped_column(Int64, nullable=False)
+    heartbeat_at: Mapped[int] = mapped_column(Int64, nullable=False)
+    suspect_since: Mapped[int | None] = mapped_column(Int64)
+    suspect_reason: Mapped[str | None] = mapped_column(Text)
+
+    request: Mapped[TurnRequest] = relationship(back_populates="lease")
+    process_identity: Mapped[LeaseProcessIdentity | None] = relationship(
+        back_populates="lease", uselist=False, passive_deletes=True
+    )
+
+
+class Cooldown(Base):
+    """A provider/model that may not be admitted before ``not_before`` (after a capacity failure)."""
+
+    __tablename__ = "cooldowns"
+    __table_args__ = (PrimaryKeyConstraint("provider", "model"),)
+
+    provider: Mapped[str] = mapped_column(Text, nullable=False)
+    model: Mapped[str] = mapped_column(Text, nullable=False)
+    not_before: Mapped[int] = mapped_column(Int64, nullable=False)
+    updated_at: Mapped[int] = mapped_column(Int64, nullable=False)
+
+
+class TurnPayload(Base):
+    """A prompt sealed with AES-256-GCM; deleted at ``active`` and on every terminal path."""
+
+    __tablename__ = "turn_payloads"
+
+    request_id: Mapped[str] = mapped_column(
+        Text, ForeignKey("turn_requests.request_id", ondelete="CASCADE"), primary_key=True
+    )
+    nonce: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    ciphertext: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    auth_tag: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    key_version: Mapped[int] = mapped_column(Int64, nullable=False)
+    content_fingerprint: Mapped[str] = mapped_column(Text, nullable=False)
+    expires_at: Mapped[int] = mapped_column(Int64, nullable=False)
+    created_at: Mapped[int] = mapped_column(Int64, nullable=False)
+
+    request: Mapped[TurnRequest] = relationship(back_populates="payload")
+
+
+class LeaseProcessIdentity(Base):
+    """Linux process evidence of the connector and the dispatch child, recorded with the dispatch intent."""
+
+    __tablename__ = "lease_process_identities"
+    __table_args__ = (Index("lease_process_identities_request", "request_id", unique=True),)
+
+    lease_id: Mapped[str] = mapped_column(
+        Text, ForeignKey("leases.lease_id", ondelete="CASCADE"), primary_key=True
+    )
+    request_id: Mapped[str] = mapped_column(Text, ForeignKey("turn_requests.request_id"), nullable=False)
+    lease_generation: Mapped[int] = mapped_column(Int64, nullable=False)
+    owner_instance_id: Mapped[str] = mapped_column(Text, nullable=False)
+    prompt_channel: Mapped[str] = mapped_column(Text, nullable=False)
+    connector_owner_instance_id: Mapped[str] = mapped_column(Text, nullable=False)
+    connector_created_at: Mapped[str] = mapped_column(Text, nullable=False)
+    connector_boot_id: Mapped[str] = mapped_column(Text, nullable=False)
+    connector_pid: Mapped[int] = mapped_column(Int64, nullable=False)
+    connector_start_time_ticks: Mapped[str] = mapped_column(Text, nullable=False)
+    connector_pid_namespace_inode: Mapped[int] = mapped_column(Int64, nullable=False)
+    connector_ppid: Mapped[int] = mapped_column(Int64, nullable=False)
+    connector_pgrp: Mapped[int] = mapped_column(Int64, nullable=False)
+    connector_session: Mapped[int] = mapped_column(Int64, nullable=False)
+    child_boot_id: Mapped[str] = mapped_column(Text, nullable=False)
+    child_pid: Mapped[int] = mapped_column(Int64, nullable=False)
+    child_start_time_ticks: Mapped[str] = mapped_column(Text, nullable=False)
+    child_pid_namespace_inode: Mapped[int] = mapped_column(Int64, nullable=False)
+    child_ppid: Mapped[int] = mapped_column(Int64, nullable=False)
+    child_pgrp: Mapped[int] = mapped_column(Int64, nullable=False)
+    child_session: Mapped[int] = mapped_column(Int64, nullable=False)
+    recorded_at: Mapped[int] = mapped_column(Int64, nullable=False)
+
+    lease: Mapped[Lease] = relationship(back_populates="process_identity")
+
+
+class StartHistory(Base):
+    """Recent starts, for the minimum interval between starts."""
+
+    __tablename__ = "start_history"
+    __table_args__ = (Index("start_history_started", "started_at"),)
+
+    lease_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    started_at: Mapped[int] = mapped_column(Int64, nullable=False)
+
+
+class SessionRecord(Base):
+    """The connector's session table (kept by the seed's schema; not used by admission)."""
+
+    __tablename__ = "sessions"
+    __table_args__ = (
+        Index("sessions_updated_at_session_id", text("updated_at DESC"), "session_id"),
+        Index("sessions_cwd_updated_at_session_id", "cwd", text("updated_at DESC"), "session_id"),
+    )
+
+    session_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    conversation_id: Mapped[str | None] = mapped_column(Text)
+    conversation_cursor: Mapped[int] = mapped_column(Int64, nullable=False)
+    model: Mapped[str] = mapped_column(Text, nullable=False)
+    effort: Mapped[str] = mapped_column(Text, nullable=False)
+    mode: Mapped[str] = mapped_column(Text, nullable=False)
+    cwd: Mapped[str] = mapped_column(Text, nullable=False)
+    roots_json: Mapped[str] = mapped_column(Text, nullable=False)
+    v2_user_message_ids_json: Mapped[str] = mapped_column(Text, nullable=False)
+    updated_at: Mapped[int] = mapped_column(Int64, nullable=False)
+
+
+class Event(Base):
+    """The append-only, identifier-free audit journal (HMAC correlation only)."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index("events_occurred", "occurred_at", "event_seq"), {"sqlite_autoincrement": True})
+
+    event_seq: Mapped[int] = mapped_column(Int64, Identity(always=False), primary_key=True)
+    kind: Mapped[str] = mapped_column(Text, nullable=False)
+    from_state: Mapped[str] = mapped_column(Text, nullable=False)
+    to_state: Mapped[str] = mapped_column(Text, nullable=False)
+    occurred_at: Mapped[int] = mapped_column(Int64, nullable=False)
+    correlation_hmac: Mapped[str] = mapped_column(Text, nullable=False)
+
+
+class PolicyState(Base):
+    """The single durable policy row (``id = 1``) shared by every opener, and its soft-drain state."""
+
+    __tablename__ = "policy_state"
+    __table_args__ = (
+        CheckConstraint("id = 1", name="policy_state_id_check"),
+        CheckConstraint("max_active_turns >= 1", name="policy_state_max_active_turns_check"),
+        CheckConstraint("max_concurrent_starts >= 1", name="policy_state_max_concurrent_starts_check"),
+        CheckConstraint("min_start_interval_ms >= 2000", name="policy_state_min_start_interval_ms_check"),
+        CheckConstraint(
+            "queue_timeout_ms > 0 AND queue_timeout_ms <= 1800000", name="policy_state_queue_timeout_ms_check"
+        ),
+        CheckConstraint("capacity_cooldown_ms >= 30000", name="policy_state_capacity_cooldown_ms_check"),
+        CheckConstraint("drain_state IN ('steady', 'soft_draining_to_1')", name="policy_state_drain_state_check"),
+    )
+
+    id: Mapped[int] = mapped_column(Int64, primary_key=True, autoincrement=False)
+    max_active_turns: Mapped[int] = mapped_column(Int64, nullable=False)
+    max_concurrent_starts: Mapped[int] = mapped_column(Int64, nullable=False)
+    min_start_interval_ms: Mapped[int] = mapped_column(Int64, nullable=False)
+    queue_timeout_ms: Mapped[int] = mapped_column(Int64, nullable=False)
+    capacity_cooldown_ms: Mapped[int] = mapped_column(Int64, nullable=False)
+    drain_state: Mapped[str] = mapped_column(Text, nullable=False)
+    policy_fingerprint: Mapped[str] = mapped_column(Text, nullable=False)
+    updated_at: Mapped[int] = mapped_column(Int64, nullable=False)
+    updated_by_owner_instance_id: Mapped[str] = mapped_column(Text, nullable=False)
+
+
+class QueuedOwnerInstance(Base):
+    """The process identity of a connector that enqueued requests (to settle them when it dies)."""
+
+    __tablename__ = "queued_owner_instances"
+
+    owner_instance_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    created_at: Mapped[str] = mapped_column(Text, nullable=False)
+    boot_id: Mapped[str] = mapped_column(Text, nullable=False)
+    pid: Mapped[int] = mapped_column(Int64, nullable=False)
+    start_time_ticks: Mapped[str] = mapped_column(Text, nullable=False)
+    pid_namespace_inode: Mapped[int] = mapped_column(Int64, nullable=False)
+    ppid: Mapped[int] = mapped_column(Int64, nullable=False)
+    pgrp: Mapped[int] = mapped_column(Int64, nullable=False)
+    session: Mapped[int] = mapped_column(Int64, nullable=False)
+    recorded_at: Mapped[int] = mapped_column(Int64, nullable=False)
+
+
+metadata = Base.metadata
+
+__all__ = [
+    "ADMISSION_TABLES",
+    "Base",
+    "Cooldown",
+    "Event",
+    "Int64",
+    "Lease",
+    "LeaseProcessIdentity",
+    "PolicyState",
+    "QueuedOwnerInstance",
+    "SchemaMigration",
+    "SessionRecord",
+    "StartHistory",
+    "TurnPayload",
+    "TurnRequest",
+    "metadata",
+]
