@@ -234,14 +234,16 @@ class SqliteLock:
     def active(self) -> bool:
         return self._connection is not None
 
-    def release(self) -> None:
+    def release(self, *, commit: bool = True) -> None:
+        """End the transaction: COMMIT (falling back to ROLLBACK), or ROLLBACK when ``commit`` is false."""
         connection = self._connection
         if connection is None:
             return
         self._connection = None
-        SqliteLock._live.pop(self.token, None)
+        with _registry_lock:
+            SqliteLock._live.pop(self.token, None)
         try:
-            connection.execute("COMMIT")
+            connection.execute("COMMIT" if commit else "ROLLBACK")
         except sqlite3.Error:
             with contextlib.suppress(sqlite3.Error):
                 connection.execute("ROLLBACK")
@@ -251,8 +253,8 @@ class SqliteLock:
     def __enter__(self) -> SqliteLock:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.release()
+    def __exit__(self, exc_type: object, *exc_info: object) -> None:
+        self.release(commit=exc_type is None)
 
 
 _registry_lock = threading.Lock()

@@ -1,0 +1,357 @@
+"""Owner generations: the current-generation pointer, its baseline, and compare-and-set publication.
+
+``generation.json`` names the one current owner generation of a session. Every
+generation ever published also leaves an immutable marker
+``generation-<encoded>.published.json``, so a generation id can never be reused
+(``generation_replay``). Publication is serialised by the SQLite generation lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from pathlib import Path
+from typing import Any, Literal, Self
+
+import attrs
+
+from ._common import (
+    SCHEMA_VERSION,
+    InvalidRecordError,
+    TmuxOwnerError,
+    dumps,
+    has_exact_keys,
+    is_canonical_utc_timestamp,
+    is_record,
+    is_safe_integer,
+    is_safe_path_component,
+    iso_now,
+    non_empty,
+)
+from ._files import (
+    GENERATION_LOCK_WAIT_MS,
+    acquire_lock,
+    atomic_write,
+    exists_no_follow,
+    lifecycle_paths,
+    publish_exclusive,
+    read_json_record,
+)
+
+GENERATION_KEYS = ("schema_version", "generation", "session_id", "published_at")
+_CURRENT_BASELINE_KEYS = ("state", *GENERATION_KEYS)
+
+
+def js_number(value: Any) -> Any:
+    """Store an integral float as the int JavaScript would have parsed (``12.0`` is ``12``)."""
+    if isinstance(value, float) and value.is_integer() and is_safe_integer(value):
+        return int(value)
+    return value
+
+
+def is_schema_one(value: Any) -> bool:
+    """``value === 1`` in JavaScript: the number one, never ``true``."""
+    return is_safe_integer(value) and value == SCHEMA_VERSION
+
+
+def _require(condition: bool, what: str) -> None:
+    if not condition:
+        raise ValueError(what)
+
+
+def _non_empty_string(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    _require(non_empty(value), f"{attribute.name} must be a non-empty string")
+
+
+def _canonical_timestamp(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    _require(is_canonical_utc_timestamp(value), f"{attribute.name} must be a canonical UTC timestamp")
+
+
+def _schema_one(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    _require(is_schema_one(value), f"{attribute.name} must be 1")
+
+
+def _path_component(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    _require(is_safe_path_component(value), f"{attribute.name} must be a safe path component")
+
+
+@attrs.frozen
+class GenerationRecord:
+    """The content of ``generation.json`` and of every published marker."""
+
+    generation: str = attrs.field(validator=_non_empty_string)
+    session_id: str = attrs.field(validator=_non_empty_string)
+    published_at: str = attrs.field(validator=_canonical_timestamp)
+    schema_version: int = attrs.field(default=SCHEMA_VERSION, converter=js_number, validator=_schema_one)
+
+    @classmethod
+    def from_json(cls, value: object) -> Self:
+        """Accept exactly the seed's four-key generation record."""
+        if not is_record(value) or not has_exact_keys(value, GENERATION_KEYS):
+            raise InvalidRecordError(cls.__name__)
+        try:
+            return cls(**value)
+        except (TypeError, ValueError) as error:
+            raise InvalidRecordError(cls.__name__) from error
+
+    def to_json(self) -> dict[str, Any]:
+        """The record in the seed's key order."""
+        return {
+            "schema_version": self.schema_version,
+            "generation": self.generation,
+            "session_id": self.session_id,
+            "published_at": self.published_at,
+        }
+
+
+def _baseline_fields(instance: OwnerGenerationBaseline, _attribute: object, _value: object) -> None:
+    if instance.state == "absent":
+        _require(instance.record is None, "an absent baseline has no record")
+    else:
+        _require(isinstance(instance.record, GenerationRecord), "a current baseline needs its record")
+
+
+@attrs.frozen
+class OwnerGenerationBaseline:
+    """What a caller saw in ``generation.json``: ``absent``, or the full ``current`` record.
+
+    Two baselines are the same exactly when they are equal.
+    """
+
+    state: Literal["absent", "current"] = attrs.field(validator=attrs.validators.in_(("absent", "current")))
+    record: GenerationRecord | None = attrs.field(default=None, validator=_baseline_fields)
+
+    @classmethod
+    def absent(cls) -> Self:
+        """No generation has been published."""
+        return cls("absent")
+
+    @classmethod
+    def current(cls, record: GenerationRecord) -> Self:
+        """``record`` is the published current generation."""
+        return cls("current", record)
+
+    @property
+    def generation(self) -> str | None:
+        """The current generation id, or ``None`` when absent."""
+        return None if self.record is None else self.record.generation
+
+    @property
+    def session_id(self) -> str | None:
+        return None if self.record is None else self.record.session_id
+
+    @property
+    def published_at(self) -> str | None:
+        return None if self.record is None else self.record.published_at
+
+    @classmethod
+    def from_json(cls, value: object) -> Self:
+        """Exactly ``{"state":"absent"}``, or ``state:"current"`` with the four generation keys."""
+        if not is_record(value):
+            raise InvalidRecordError(cls.__name__)
+        if value == {"state": "absent"}:
+            return cls.absent()
+        if value.get("state") != "current" or not has_exact_keys(value, _CURRENT_BASELINE_KEYS):
+            raise InvalidRecordError(cls.__name__)
+        fields = {key: value[key] for key in GENERATION_KEYS}
+        try:
+            return cls.current(GenerationRecord.from_json(fields))
+        except InvalidRecordError as error:
+            raise InvalidRecordError(cls.__name__) from error
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"state":"absent"}`` or ``{"state":"current", <generation record>}`` in the seed's order."""
+        if self.record is None:
+            return {"state": "absent"}
+        return {"state": "current", **self.record.to_json()}
+
+
+def same_owner_generation_baseline(left: OwnerGenerationBaseline, right: OwnerGenerationBaseline) -> bool:
+    """Whether two baselines describe the same state (all five fields for ``current``)."""
+    return left == right
+
+
+def read_generation_record(state_dir: str | os.PathLike[str], session_id: str) -> dict[str, Any] | None:
+    """The raw current-generation object, or ``None`` when absent, corrupt or a symlink (the seed's ``readJson``)."""
+    return read_json_record(lifecycle_paths(state_dir, session_id, "baseline").generation_file)
+
+
+def is_current_owner_generation(state_dir: str | os.PathLike[str], session_id: str, generation: str) -> bool:
+    """Whether ``generation.json`` names ``generation`` (the seed's loose ``isCurrentOwnerGeneration``)."""
+    record = read_generation_record(state_dir, session_id)
+    return record is not None and record.get("generation") == generation
+
+
+def capture_owner_generation_baseline(state_dir: str | os.PathLike[str], session_id: str) -> OwnerGenerationBaseline:
+    """Read ``generation.json`` strictly.
+
+    Returns the absent baseline when nothing exists at that name; raises
+    ``baseline_generation_corrupt`` for anything that is not exactly this session's
+    generation record, including a symlink (which is never followed).
+    """
+    file = lifecycle_paths(state_dir, session_id, "baseline").generation_file
+    if not exists_no_follow(file):
+        return OwnerGenerationBaseline.absent()
+    value = read_json_record(file)
+    try:
+        record = GenerationRecord.from_json(value)
+    except InvalidRecordError as error:
+        raise TmuxOwnerError("baseline_generation_corrupt") from error
+    if record.session_id != session_id:
+        raise TmuxOwnerError("baseline_generation_corrupt")
+    return OwnerGenerationBaseline.current(record)
+
+
+def is_owner_generation_baseline_current(
+    state_dir: str | os.PathLike[str], session_id: str, baseline: OwnerGenerationBaseline
+) -> bool:
+    """Whether ``generation.json`` still matches ``baseline``; a corrupt pointer is never current."""
+    try:
+        current = capture_owner_generation_baseline(state_dir, session_id)
+    except TmuxOwnerError:
+        return False
+    return same_owner_generation_baseline(current, baseline)
+
+
+def replace_owner_generation(
+    state_dir: str | os.PathLike[str],
+    session_id: str,
+    generation: str | None = None,
+    expected_baseline: OwnerGenerationBaseline | None = None,
+) -> str:
+    """Publish ``generation`` (a fresh UUID if omitted) as the session's current generation.
+
+    Under the generation lock (7 s, else ``generation_lock_contended``): a corrupt
+    ``generation.json`` raises ``baseline_generation_corrupt``; when ``expected_baseline``
+    is given, the pointer must still match it (else ``generation_baseline_changed``);
+    without one the replacement is unconditional. Then, in the seed's order: create
+    the new immutable marker (``generation_replay`` if it exists, so the id is burned
+    even if a later step fails), make sure the previous generation's marker exists
+    with the same content, replace the pointer, and invalidate the previous
+    generation's pending intent. Returns the published generation.
+    """
+    return _publish(state_dir, session_id, str(uuid.uuid4()) if generation is None else generation, expected_baseline)
+
+
+def _publish(
+    state_dir: str | os.PathLike[str],
+    session_id: str,
+    generation: str,
+    expected_baseline: OwnerGenerationBaseline | None,
+    *,
+    strict_cas: bool = False,
+) -> str:
+    paths = lifecycle_paths(state_dir, session_id, generation)
+    lock = acquire_lock(paths.root, paths.lock_database_file, GENERATION_LOCK_WAIT_MS)
+    if lock is None:
+        raise TmuxOwnerError("generation_lock_contended")
+    with lock:
+        # The seed's two publishers spell a lost CAS differently, and only the strict
+        # (canonical) one reads a corrupt pointer as "changed" rather than "corrupt".
+        if (
+            strict_cas
+            and expected_baseline is not None
+            and not is_owner_generation_baseline_current(state_dir, session_id, expected_baseline)
+        ):
+            raise TmuxOwnerError("baseline_generation_changed")
+        current = capture_owner_generation_baseline(state_dir, session_id)
+        if expected_baseline is not None and not same_owner_generation_baseline(current, expected_baseline):
+            raise TmuxOwnerError("generation_baseline_changed")
+        previous = current.record
+        prior = None
+        if previous is not None and previous.generation != generation:
+            prior = lifecycle_paths(state_dir, session_id, previous.generation)
+        published = GenerationRecord(generation=generation, session_id=session_id, published_at=iso_now())
+        if not publish_exclusive(paths.generation_marker_file, published.to_json()):
+            raise TmuxOwnerError("generation_replay")
+        if prior is not None and previous is not None:
+            _ensure_generation_marker(prior.generation_marker_file, previous)
+        atomic_write(paths.generation_file, published.to_json())
+        if prior is not None:
+            intent = read_json_record(prior.intent_file)
+            if intent is not None and intent.get("state") == "pending":
+                with contextlib.suppress(OSError):
+                    os.rename(prior.intent_file, f"{prior.intent_file}.invalidated")
+        return generation
+
+
+def _ensure_generation_marker(file: Path, record: GenerationRecord) -> None:
+    if publish_exclusive(file, record.to_json()):
+        return
+    existing = read_json_record(file)
+    if existing is None or dumps(existing) != dumps(record.to_json()):
+        raise TmuxOwnerError("generation_replay")
+
+
+@attrs.frozen
+class PublishGenerationRequest:
+    """The protocol's ``publish_generation`` request.
+
+    Beyond the seed: ``session_id`` and ``owner_generation`` must be safe path components.
+    """
+
+    session_id: str = attrs.field(validator=[_non_empty_string, _path_component])
+    owner_generation: str = attrs.field(validator=[_non_empty_string, _path_component])
+    state_dir: str = attrs.field(validator=_non_empty_string)
+    baseline: OwnerGenerationBaseline = attrs.field(validator=attrs.validators.instance_of(OwnerGenerationBaseline))
+
+    _KEYS = ("schema_version", "op", "session_id", "owner_generation", "state_dir", "baseline")
+
+    @classmethod
+    def from_json(cls, value: object) -> Self:
+        """Accept the seed's ``isPublishGenerationRequest`` shape (no extra keys, ``op`` and schema fixed)."""
+        if (
+            not is_record(value)
+            or not has_exact_keys(value, cls._KEYS)
+            or not is_schema_one(value["schema_version"])
+            or value["op"] != "publish_generation"
+        ):
+            raise InvalidRecordError(cls.__name__)
+        try:
+            return cls(
+                session_id=value["session_id"],
+                owner_generation=value["owner_generation"],
+                state_dir=value["state_dir"],
+                baseline=OwnerGenerationBaseline.from_json(value["baseline"]),
+            )
+        except (TypeError, ValueError) as error:
+            raise InvalidRecordError(cls.__name__) from error
+
+    def to_json(self) -> dict[str, Any]:
+        """The request in the seed's key order."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "op": "publish_generation",
+            "session_id": self.session_id,
+            "owner_generation": self.owner_generation,
+            "state_dir": self.state_dir,
+            "baseline": self.baseline.to_json(),
+        }
+
+
+@attrs.frozen
+class PublishGenerationResult:
+    """``{"schema_version":1,"ok":true,"code":"generation_published","generation":...}``."""
+
+    generation: str = attrs.field(validator=_non_empty_string)
+
+    def to_json(self) -> dict[str, Any]:
+        """The result in the seed's key order."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "ok": True,
+            "code": "generation_published",
+            "generation": self.generation,
+        }
+
+
+def publish_owner_generation(request: PublishGenerationRequest) -> PublishGenerationResult:
+    """The seed's canonical CAS publication: the baseline must be current, else ``baseline_generation_changed``.
+
+    A corrupt ``generation.json`` never matches a baseline, so it also reads as changed.
+    """
+    generation = _publish(
+        request.state_dir, request.session_id, request.owner_generation, request.baseline, strict_cas=True
+    )
+    return PublishGenerationResult(generation)
