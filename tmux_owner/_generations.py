@@ -55,35 +55,36 @@ def is_schema_one(value: Any) -> bool:
     return is_safe_integer(value) and value == SCHEMA_VERSION
 
 
-def _require(condition: bool, what: str) -> None:
+def require(condition: bool, what: str) -> None:
+    """Fail an attrs validator with ``ValueError`` (the record constructors turn it into ``InvalidRecordError``)."""
     if not condition:
         raise ValueError(what)
 
 
-def _non_empty_string(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    _require(non_empty(value), f"{attribute.name} must be a non-empty string")
+def validate_non_empty(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    require(non_empty(value), f"{attribute.name} must be a non-empty string")
 
 
-def _canonical_timestamp(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    _require(is_canonical_utc_timestamp(value), f"{attribute.name} must be a canonical UTC timestamp")
+def validate_canonical_timestamp(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    require(is_canonical_utc_timestamp(value), f"{attribute.name} must be a canonical UTC timestamp")
 
 
-def _schema_one(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    _require(is_schema_one(value), f"{attribute.name} must be 1")
+def validate_schema_one(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    require(is_schema_one(value), f"{attribute.name} must be 1")
 
 
-def _path_component(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    _require(is_safe_path_component(value), f"{attribute.name} must be a safe path component")
+def validate_path_component(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    require(is_safe_path_component(value), f"{attribute.name} must be a safe path component")
 
 
 @attrs.frozen
 class GenerationRecord:
     """The content of ``generation.json`` and of every published marker."""
 
-    generation: str = attrs.field(validator=_non_empty_string)
-    session_id: str = attrs.field(validator=_non_empty_string)
-    published_at: str = attrs.field(validator=_canonical_timestamp)
-    schema_version: int = attrs.field(default=SCHEMA_VERSION, converter=js_number, validator=_schema_one)
+    generation: str = attrs.field(validator=validate_non_empty)
+    session_id: str = attrs.field(validator=validate_non_empty)
+    published_at: str = attrs.field(validator=validate_canonical_timestamp)
+    schema_version: int = attrs.field(default=SCHEMA_VERSION, converter=js_number, validator=validate_schema_one)
 
     @classmethod
     def from_json(cls, value: object) -> Self:
@@ -107,9 +108,9 @@ class GenerationRecord:
 
 def _baseline_fields(instance: OwnerGenerationBaseline, _attribute: object, _value: object) -> None:
     if instance.state == "absent":
-        _require(instance.record is None, "an absent baseline has no record")
+        require(instance.record is None, "an absent baseline has no record")
     else:
-        _require(isinstance(instance.record, GenerationRecord), "a current baseline needs its record")
+        require(isinstance(instance.record, GenerationRecord), "a current baseline needs its record")
 
 
 @attrs.frozen
@@ -291,9 +292,9 @@ class PublishGenerationRequest:
     Beyond the seed: ``session_id`` and ``owner_generation`` must be safe path components.
     """
 
-    session_id: str = attrs.field(validator=[_non_empty_string, _path_component])
-    owner_generation: str = attrs.field(validator=[_non_empty_string, _path_component])
-    state_dir: str = attrs.field(validator=_non_empty_string)
+    session_id: str = attrs.field(validator=[validate_non_empty, validate_path_component])
+    owner_generation: str = attrs.field(validator=[validate_non_empty, validate_path_component])
+    state_dir: str = attrs.field(validator=validate_non_empty)
     baseline: OwnerGenerationBaseline = attrs.field(validator=attrs.validators.instance_of(OwnerGenerationBaseline))
 
     _KEYS = ("schema_version", "op", "session_id", "owner_generation", "state_dir", "baseline")
@@ -334,7 +335,7 @@ class PublishGenerationRequest:
 class PublishGenerationResult:
     """``{"schema_version":1,"ok":true,"code":"generation_published","generation":...}``."""
 
-    generation: str = attrs.field(validator=_non_empty_string)
+    generation: str = attrs.field(validator=validate_non_empty)
 
     def to_json(self) -> dict[str, Any]:
         """The result in the seed's key order."""
