@@ -1,0 +1,168 @@
+"""Exact owner close: SIGTERM only the proven owner process, then wait for its verdict.
+
+The start-time proof, the intent and the signal all happen under the generation
+lock, so a generation replacement cannot revoke the authorization between the
+last proof and the dispatch. The verdict wait happens after the lock is released,
+so the observer that publishes the verdict can take it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+
+from ._common import TmuxOwnerError, is_safe_integer
+from ._files import GENERATION_LOCK_WAIT_MS, acquire_lock, lifecycle_paths, read_json_record
+from ._generations import is_current_owner_generation
+from ._intents import create_owner_intent, parse_timestamp_ms
+from ._verdicts import EXPECTED, OwnerVerdict
+
+VERDICT_POLL_SECONDS = 0.05
+
+
+def _positive_pid(_instance: object, _attribute: object, value: object) -> None:
+    if not (is_safe_integer(value) and isinstance(value, int) and value > 0):
+        raise ValueError("pid must be a positive integer")
+
+
+@attrs.frozen(kw_only=True)
+class ExactOwnerCloseRequest:
+    """Which owner to close: its generation, server, pid and the start time that proves the pid."""
+
+    state_dir: str | os.PathLike[str]
+    session_id: str
+    generation: str
+    server_key: str
+    pid: int = attrs.field(validator=_positive_pid)
+    start_time: str
+    dispatch_id: str
+    created_at: str
+    expires_at: str
+
+
+def read_proc_start_time(pid: int) -> str | None:
+    """Field 22 of ``/proc/<pid>/stat`` (start time in clock ticks), or ``None`` if unreadable.
+
+    The fields are counted after the last ``)``, because the command name may itself
+    contain spaces and parentheses (tmux's server is ``(tmux: server)``).
+    """
+    try:
+        text = Path(f"/proc/{pid}/stat").read_bytes().decode("ascii", errors="replace")
+    except OSError:
+        return None
+    _, bracket, rest = text.rpartition(")")
+    fields = rest.split()
+    if not bracket or len(fields) < 20 or not fields[19].isascii() or not fields[19].isdigit():
+        return None
+    return fields[19]
+
+
+def send_sigterm(pid: int) -> None:
+    """Deliver a real SIGTERM to ``pid``."""
+    os.kill(pid, signal.SIGTERM)
+
+
+def verdict_poller(request: ExactOwnerCloseRequest) -> Callable[[], OwnerVerdict | None]:
+    """A live ``wait_for_verdict``: poll ``verdict-<G>.json`` until the intent expires."""
+
+    def wait() -> OwnerVerdict | None:
+        paths = lifecycle_paths(request.state_dir, request.session_id, request.generation)
+        expires_ms = parse_timestamp_ms(request.expires_at) or 0
+        while True:
+            value = read_json_record(paths.verdict_file)
+            if value is not None:
+                try:
+                    verdict = OwnerVerdict.from_json(value)
+                except TmuxOwnerError:
+                    return None
+                if verdict.generation == request.generation and verdict.server_key == request.server_key:
+                    return verdict
+            if time.time() * 1000 >= expires_ms:
+                return None
+            time.sleep(VERDICT_POLL_SECONDS)
+
+    return wait
+
+
+@attrs.frozen(kw_only=True)
+class ExactOwnerCloseDependencies:
+    """What close needs from the world; every field defaults to the live implementation.
+
+    ``wait_for_verdict`` defaults to polling the generation's verdict file until the
+    intent expires; ``cleanup_session`` defaults to doing nothing.
+    """
+
+    read_start_time: Callable[[int], str | None] = read_proc_start_time
+    send_sigterm: Callable[[int], None] = send_sigterm
+    wait_for_verdict: Callable[[], OwnerVerdict | None] | None = None
+    cleanup_session: Callable[[], None] = lambda: None
+
+
+def close_exact_tmux_owner(
+    request: ExactOwnerCloseRequest, deps: ExactOwnerCloseDependencies | None = None
+) -> OwnerVerdict:
+    """SIGTERM the exact owner of ``request.generation`` and return its expected-shutdown verdict.
+
+    Raises ``generation_lock_contended``, ``owner_pid_identity_mismatch`` (no signal sent),
+    ``owner_generation_mismatch``, ``owner_intent_invalid`` / ``owner_intent_replay``,
+    ``owner_term_verdict_timeout`` (the intent is renamed ``.expired``), or whatever
+    ``send_sigterm`` raised (the intent is renamed ``.cancelled``). Cleanup runs only
+    after a verdict that names this close's intent.
+    """
+    deps = deps or ExactOwnerCloseDependencies()
+    wait_for_verdict = deps.wait_for_verdict or verdict_poller(request)
+    paths = lifecycle_paths(request.state_dir, request.session_id, request.generation)
+    intent_file = paths.intent_file
+
+    def retire(suffix: str) -> None:
+        with contextlib.suppress(OSError):
+            os.rename(intent_file, intent_file.with_name(intent_file.name + suffix))
+
+    def generation_is_current() -> bool:
+        return is_current_owner_generation(request.state_dir, request.session_id, request.generation)
+
+    lock = acquire_lock(paths.root, paths.lock_database_file, GENERATION_LOCK_WAIT_MS)
+    if lock is None:
+        raise TmuxOwnerError("generation_lock_contended")
+    with lock:
+        if deps.read_start_time(request.pid) != request.start_time:
+            raise TmuxOwnerError("owner_pid_identity_mismatch")
+        if not generation_is_current():
+            raise TmuxOwnerError("owner_generation_mismatch")
+        intent = create_owner_intent(
+            request.state_dir,
+            generation=request.generation,
+            session_id=request.session_id,
+            server_key=request.server_key,
+            dispatch_id=request.dispatch_id,
+            created_at=request.created_at,
+            expires_at=request.expires_at,
+        )
+        if not generation_is_current():
+            retire(".cancelled")
+            raise TmuxOwnerError("owner_generation_mismatch")
+        expires_ms = parse_timestamp_ms(intent.expires_at)
+        if expires_ms is None or expires_ms <= time.time() * 1000:
+            retire(".expired")
+            raise TmuxOwnerError("owner_term_verdict_timeout")
+        try:
+            if deps.read_start_time(request.pid) != request.start_time:
+                raise TmuxOwnerError("owner_pid_identity_mismatch")
+            if not generation_is_current():
+                raise TmuxOwnerError("owner_generation_mismatch")
+            deps.send_sigterm(request.pid)
+        except BaseException:
+            retire(".cancelled")
+            raise
+    verdict = wait_for_verdict()
+    if verdict is None or verdict.intent_id != intent.intent_id or verdict.classification != EXPECTED:
+        retire(".expired")
+        raise TmuxOwnerError("owner_term_verdict_timeout")
+    deps.cleanup_session()
+    return verdict
