@@ -8,15 +8,19 @@ none of them embeds a request or lease identifier.
 from __future__ import annotations
 
 __all__ = [
+    "AdmissionBusyError",
     "AdmissionConflictError",
+    "AdmissionDatabaseError",
     "AdmissionError",
     "AdmissionMigrationError",
     "AdmissionRuntimeError",
     "AdmissionStateError",
     "InvalidInputError",
     "LeaseFenceError",
+    "MissingKeyError",
     "PayloadConflictError",
     "PayloadExpiredError",
+    "PayloadIntegrityError",
     "ProcessEvidenceError",
     "ProcessGoneError",
     "ProcessUnverifiableError",
@@ -78,6 +82,17 @@ class PayloadConflictError(AdmissionError):
         super().__init__("request already has a different durable payload")
 
 
+class PayloadIntegrityError(AdmissionError):
+    """A sealed payload failed authentication (tampered, swapped between rows, or the wrong key)."""
+
+    def __init__(self) -> None:
+        super().__init__("request payload failed authentication")
+
+
+class MissingKeyError(AdmissionError):
+    """The operation needs a key the plane was opened without (the message names which)."""
+
+
 class LeaseFenceError(AdmissionError):
     """The lease is not owned by the supplied (lease id, generation, owner) fence."""
 
@@ -113,6 +128,17 @@ class AdmissionRuntimeError(AdmissionError):
 
     def __init__(self, message: str) -> None:
         super().__init__(f"admission runtime error: {message}")
+
+
+class AdmissionDatabaseError(AdmissionError):
+    """The database refused the operation for a reason other than lock contention.
+
+    The transaction was rolled back; the driver's exception is chained as ``__cause__``.
+    """
+
+
+class AdmissionBusyError(AdmissionDatabaseError):
+    """The database stayed locked (SQLite busy, PostgreSQL serialization failure) past the retry budget."""
 
 
 class ProcessEvidenceError(AdmissionError):

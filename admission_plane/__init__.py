@@ -1,0 +1,98 @@
+"""admission_plane: a durable, cross-process admission plane for AI-agent turns.
+
+At most N turns in flight across every process (and, with PostgreSQL, every machine);
+fair, oldest-first admission; never a replayed turn; prompts sealed at rest; an
+identifier-free audit journal. See the README for a tour.
+"""
+
+from .errors import (
+    AdmissionBusyError,
+    AdmissionConflictError,
+    AdmissionDatabaseError,
+    AdmissionError,
+    AdmissionMigrationError,
+    AdmissionRuntimeError,
+    AdmissionStateError,
+    InvalidInputError,
+    LeaseFenceError,
+    MissingKeyError,
+    PayloadConflictError,
+    PayloadExpiredError,
+    PayloadIntegrityError,
+    ProcessEvidenceError,
+    ProcessGoneError,
+    ProcessUnverifiableError,
+    RecoverableDispatchInventoryError,
+    SchemaIntegrityError,
+    UnknownLeaseError,
+    UnknownRequestError,
+)
+from .evidence import ConnectorIdentity, GroupResidue, Observation, ProcessIdentity
+from .policy import Policy
+from .service import AdmissionPlane, FaultInjection
+from .states import EventKind, FailureCategory, PromptChannel, RequestState, SuspectReason
+from .values import (
+    AdmittedLease,
+    DispatchIntentResult,
+    DispatchProcessIdentity,
+    DispatchRecord,
+    EnqueueResult,
+    LeaseFence,
+    LiveTurnCompletion,
+    LiveTurnFailure,
+    QueueSnapshot,
+    ReaperSummary,
+    RecoverableDispatch,
+    RecoverableQueuedOwner,
+    SanitizedEvent,
+    StoredRequest,
+)
+
+__all__ = [
+    "AdmissionBusyError",
+    "AdmissionConflictError",
+    "AdmissionDatabaseError",
+    "AdmissionError",
+    "AdmissionMigrationError",
+    "AdmissionPlane",
+    "AdmissionRuntimeError",
+    "AdmissionStateError",
+    "AdmittedLease",
+    "ConnectorIdentity",
+    "DispatchIntentResult",
+    "DispatchProcessIdentity",
+    "DispatchRecord",
+    "EnqueueResult",
+    "EventKind",
+    "FailureCategory",
+    "FaultInjection",
+    "GroupResidue",
+    "InvalidInputError",
+    "LeaseFence",
+    "LeaseFenceError",
+    "LiveTurnCompletion",
+    "LiveTurnFailure",
+    "MissingKeyError",
+    "Observation",
+    "PayloadConflictError",
+    "PayloadExpiredError",
+    "PayloadIntegrityError",
+    "Policy",
+    "ProcessEvidenceError",
+    "ProcessGoneError",
+    "ProcessIdentity",
+    "ProcessUnverifiableError",
+    "PromptChannel",
+    "QueueSnapshot",
+    "ReaperSummary",
+    "RecoverableDispatch",
+    "RecoverableDispatchInventoryError",
+    "RecoverableQueuedOwner",
+    "RequestState",
+    "SanitizedEvent",
+    "SchemaIntegrityError",
+    "StoredRequest",
+    "SuspectReason",
+    "UnknownLeaseError",
+    "UnknownRequestError",
+]

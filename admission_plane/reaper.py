@@ -1,0 +1,91 @@
+"""The runtime reaper: evidence-only recovery of seats held by crashed connectors.
+
+A stale heartbeat (over :data:`HEARTBEAT_STALE_MS`) can only mark a lease suspect. A seat
+is released only when the connector, the dispatch child and the child's whole process
+group are all proved gone by Linux process evidence; the request then ends
+``recovery_required`` and its payload is deleted. Anything unverifiable is retained.
+Nothing is ever requeued.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from . import _validate as v
+from .errors import AdmissionError
+from .evidence import LIVE_READERS, GroupResidue, Observation, inspect_process_group, observe, read_process_ids
+from .states import SuspectReason
+from .values import ReaperSummary
+
+if TYPE_CHECKING:
+    from .service import AdmissionPlane
+
+HEARTBEAT_STALE_MS = 4_000
+_GONE = frozenset({Observation.GONE, Observation.PID_REUSED})
+
+
+def is_heartbeat_stale(heartbeat_at: int, now: int) -> bool:
+    """Strictly older than :data:`HEARTBEAT_STALE_MS`."""
+    return now - heartbeat_at > HEARTBEAT_STALE_MS
+
+
+def reap(plane: AdmissionPlane, now: int, readers: Any = None) -> ReaperSummary:
+    """One pass over queued owners and seat-holding leases; see the module docstring.
+
+    Raises :class:`~admission_plane.errors.RecoverableDispatchInventoryError` if the
+    inventory itself cannot be trusted; otherwise a failure on one lease retains it.
+    """
+    v.timestamp(now, "runtime reaper timestamp")
+    readers = LIVE_READERS if readers is None else readers
+    process_ids = read_process_ids(readers)
+    counts = {"released": 0, "retained": 0, "marked_recovery_required": 0, "suspected": 0, "queued_settled": 0}
+
+    for queued in plane.list_recoverable_queued_owners():
+        if observe(queued.owner, readers) in _GONE and plane.settle_queued_owner_death(
+            queued.request_id, queued.owner.owner_instance_id, now
+        ):
+            counts["queued_settled"] += 1
+
+    dispatches = plane.list_recoverable_dispatches()
+    for dispatch in dispatches:
+        identity = dispatch.process_identity
+        evidence_missing = identity is None or process_ids is None
+        if is_heartbeat_stale(dispatch.heartbeat_at, now) or evidence_missing:
+            reason = SuspectReason.IDENTITY_UNVERIFIABLE if evidence_missing else SuspectReason.HEARTBEAT_EXPIRED
+            if _try(plane.mark_suspect, dispatch.fence, now, reason):
+                counts["suspected"] += 1
+        if identity is None or process_ids is None:
+            counts["retained"] += 1
+            continue
+        connector = observe(identity.connector, readers)
+        child = observe(identity.child, readers)
+        residue = inspect_process_group(identity.child, process_ids, readers)
+        if connector in _GONE and child in _GONE and residue is GroupResidue.EMPTY:
+            if _try(plane.release_exited_recovery_seat, dispatch.fence, now) is not None:
+                counts["released"] += 1
+            else:
+                counts["retained"] += 1
+            continue
+        if Observation.UNVERIFIABLE in (connector, child) or residue is GroupResidue.UNVERIFIABLE:
+            if _try(plane.mark_suspect, dispatch.fence, now, SuspectReason.IDENTITY_UNVERIFIABLE):
+                counts["suspected"] += 1
+            counts["retained"] += 1
+            continue
+        if connector is not Observation.SAME and _try(
+            plane.mark_execution_recovery_required, dispatch.fence, now
+        ) is not None:
+            counts["marked_recovery_required"] += 1
+        counts["retained"] += 1
+    return ReaperSummary(inspected=len(dispatches), **counts)
+
+
+_DONE = object()
+
+
+def _try(operation: Any, *args: Any) -> Any:
+    """Run one fenced operation; ``None`` if it failed (a concurrent owner may have moved the lease)."""
+    try:
+        result = operation(*args)
+    except AdmissionError:
+        return None
+    return _DONE if result is None else result

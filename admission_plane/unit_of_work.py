@@ -1,0 +1,138 @@
+"""One transaction boundary per operation.
+
+``with UnitOfWork(engine) as uow: ...; uow.commit()`` — the transaction rolls back
+unless :meth:`UnitOfWork.commit` was called.
+
+Why this is enough to serialise admission:
+
+* SQLite: a writing unit begins with ``BEGIN IMMEDIATE`` (see :mod:`admission_plane.db`),
+  which takes the database's single write lock before the first read. Counting seats
+  and taking one therefore happen under one lock, across threads and processes; a
+  waiter blocks on ``busy_timeout`` instead of failing half-way through.
+* PostgreSQL: there is no database-wide write lock, and ``READ COMMITTED`` lets two
+  hosts both count the same free seat. Every writing unit therefore first takes one
+  transaction-level advisory lock (:data:`ADVISORY_LOCK_KEY`), released at commit or
+  rollback. Writers are serialised exactly as on SQLite, and each statement after the
+  lock sees every transaction committed before it (READ COMMITTED takes a new snapshot
+  per statement), so the seat count, the selection and the reservation are consistent.
+  Read-only units take no lock. Serialization failures and deadlocks (40001, 40P01) are
+  retried a bounded number of times; every operation is safe to re-run from the start
+  because it reads all its state inside the transaction.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import DBAPIError
+
+from ._sql import Tx
+from .db import SQLITE_BEGIN_OPTION
+from .errors import AdmissionBusyError, AdmissionDatabaseError
+
+T = TypeVar("T")
+
+#: ``pg_advisory_xact_lock`` key shared by every writer of one plane ("admissn" in ASCII).
+ADVISORY_LOCK_KEY = 0x61646D697373_6E
+SQLITE_CONTENTION = frozenset(
+    {"SQLITE_BUSY", "SQLITE_BUSY_RECOVERY", "SQLITE_BUSY_SNAPSHOT", "SQLITE_BUSY_TIMEOUT", "SQLITE_LOCKED",
+     "SQLITE_LOCKED_SHAREDCACHE"}
+)
+POSTGRES_RETRYABLE = frozenset({"40001", "40P01"})
+DEFAULT_ATTEMPTS = 5
+_LOCK_STATEMENT = text("SELECT pg_advisory_xact_lock(:key)").bindparams(key=ADVISORY_LOCK_KEY)
+
+
+class UnitOfWork:
+    """A connection inside one transaction; rolls back unless committed."""
+
+    def __init__(self, engine: Engine, *, read_only: bool = False) -> None:
+        self._engine = engine
+        self._read_only = read_only
+        self._committed = False
+        self.connection: Connection
+
+    def __enter__(self) -> UnitOfWork:
+        connection = self._engine.connect()
+        try:
+            if self._engine.dialect.name == "sqlite":
+                mode = "DEFERRED" if self._read_only else "IMMEDIATE"
+                connection = connection.execution_options(**{SQLITE_BEGIN_OPTION: mode})
+            connection.begin()
+            if not self._read_only and self._engine.dialect.name == "postgresql":
+                connection.execute(_LOCK_STATEMENT)
+        except BaseException:
+            connection.close()
+            raise
+        self.connection = connection
+        return self
+
+    def commit(self) -> None:
+        """Make the work durable (``synchronous=FULL`` on SQLite: durable on return)."""
+        self.connection.commit()
+        self._committed = True
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        try:
+            if not self._committed:
+                self.connection.rollback()
+        finally:
+            self.connection.close()
+
+
+def contention_name(error: BaseException) -> str | None:
+    """The SQLite error name or PostgreSQL SQLSTATE if ``error`` is lock contention, else ``None``."""
+    original: Any = error.orig if isinstance(error, DBAPIError) else error
+    name = getattr(original, "sqlite_errorname", None)
+    if name in SQLITE_CONTENTION:
+        return name
+    state = getattr(original, "sqlstate", None)
+    if state in POSTGRES_RETRYABLE or state == "55P03":  # lock_not_available
+        return state
+    return None
+
+
+def run(
+    engine: Engine,
+    work: Callable[[Tx], T],
+    *,
+    read_only: bool = False,
+    attempts: int = DEFAULT_ATTEMPTS,
+) -> T:
+    """Run ``work`` in one unit of work and commit; translate driver errors.
+
+    Domain errors raised by ``work`` propagate unchanged (after rollback). PostgreSQL
+    serialization failures and deadlocks are retried up to ``attempts`` times; lock
+    contention that outlasts the retries becomes :class:`AdmissionBusyError`, any
+    other driver error :class:`AdmissionDatabaseError`.
+    """
+    driver_error = engine.dialect.loaded_dbapi.Error
+    for attempt in range(attempts):
+        try:
+            with UnitOfWork(engine, read_only=read_only) as uow:
+                tx = Tx(uow.connection)
+                try:
+                    result = work(tx)
+                finally:
+                    tx.close()
+                uow.commit()
+                return result
+        except (DBAPIError, driver_error) as error:
+            name = contention_name(error)
+            if name in POSTGRES_RETRYABLE and attempt < attempts - 1:
+                time.sleep(0.005 * (attempt + 1))
+                continue
+            if name is not None:
+                raise AdmissionBusyError(f"database is busy ({name})") from error
+            detail = error.orig if isinstance(error, DBAPIError) else error
+            raise AdmissionDatabaseError(f"database error: {detail}") from error
+    raise AssertionError("unreachable")  # pragma: no cover

@@ -1,0 +1,254 @@
+"""Frozen value objects passed to and returned by :class:`~admission_plane.AdmissionPlane`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import Enum
+from typing import TYPE_CHECKING, TypeVar
+
+import attrs
+
+from . import _validate as v
+from .errors import InvalidInputError
+from .states import ABANDON_OUTCOMES, LIVE_OUTCOMES, FailureCategory, PromptChannel, RequestState
+
+if TYPE_CHECKING:
+    from .evidence import ConnectorIdentity, ProcessIdentity
+
+E = TypeVar("E", bound=Enum)
+
+
+def _identifier(label: str):  # type: ignore[no-untyped-def]
+    def check(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
+        v.identifier(value, label)
+
+    return check
+
+
+def _enum(enum_type: type[E], message: str) -> Callable[[object], E]:
+    def convert(value: object) -> E:
+        try:
+            return enum_type(value)
+        except ValueError:
+            raise InvalidInputError(message) from None
+
+    return convert
+
+
+def _positive(label: str):  # type: ignore[no-untyped-def]
+    def check(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
+        v.positive_integer(value, label)
+
+    return check
+
+
+def _uuid_owner(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
+    v.owner_instance_id(value)
+
+
+def _http_status(instance: object, attribute: attrs.Attribute[int | None], value: object) -> None:
+    if value is not None and (not v.is_safe_integer(value) or not 100 <= value <= 599):
+        raise InvalidInputError("live turn failure HTTP status is invalid")
+
+
+def _signal(instance: object, attribute: attrs.Attribute[str | None], value: object) -> None:
+    if value is not None:
+        v.identifier(value, "live turn failure signal")
+
+
+@attrs.frozen
+class LeaseFence:
+    """The fence every lease operation must present: lease id, generation and owner instance."""
+
+    lease_id: str = attrs.field(validator=_identifier("lease ID"))
+    generation: int = attrs.field(validator=_positive("lease generation"))
+    owner_instance_id: str = attrs.field(validator=_identifier("lease owner instance ID"))
+
+
+@attrs.frozen
+class AdmittedLease:
+    """A lease issued by admission: the fence to present on every later call, and its request."""
+
+    lease_id: str
+    request_id: str
+    generation: int
+    owner_instance_id: str
+
+    @property
+    def fence(self) -> LeaseFence:
+        return LeaseFence(self.lease_id, self.generation, self.owner_instance_id)
+
+
+@attrs.frozen
+class EnqueueResult:
+    """Whether the request was new (``existed=False``) or an idempotent replay."""
+
+    request_id: str
+    existed: bool
+
+
+@attrs.frozen
+class StoredRequest:
+    """A request's immutable metadata and current state."""
+
+    request_id: str
+    session_id: str
+    agent_id: str
+    fingerprint: str
+    provider: str
+    model: str
+    state: RequestState
+    enqueued_at: int
+
+
+@attrs.frozen
+class QueueSnapshot:
+    """Where a queued request stands: 1-based positions, wait so far, and its model's cooldown."""
+
+    request_id: str
+    position: int
+    eligible_position: int | None
+    enqueued_at: int
+    waited_ms: int
+    cooldown_until: int | None
+
+
+@attrs.frozen
+class DispatchRecord:
+    """Verified process evidence for a dispatch intent: the connector and its dispatch child.
+
+    ``owner_instance_id`` must be a canonical UUID v4 and equal the connector's.
+    """
+
+    request_id: str = attrs.field(validator=_identifier("process record request ID"))
+    lease_id: str = attrs.field(validator=_identifier("process record lease ID"))
+    generation: int = attrs.field(validator=_positive("process record generation"))
+    owner_instance_id: str = attrs.field(validator=_uuid_owner)
+    connector: ConnectorIdentity = attrs.field()
+    child: ProcessIdentity = attrs.field()
+    prompt_channel: PromptChannel = attrs.field(converter=_enum(PromptChannel, "prompt channel must be stdin or pty"))
+
+    def __attrs_post_init__(self) -> None:
+        from .evidence import ConnectorIdentity, ProcessIdentity
+
+        if not isinstance(self.connector, ConnectorIdentity) or not isinstance(self.child, ProcessIdentity):
+            raise InvalidInputError("dispatch record needs a ConnectorIdentity and a ProcessIdentity")
+        if self.connector.owner_instance_id != self.owner_instance_id:
+            raise InvalidInputError("dispatch record connector owner does not match the lease owner")
+
+    @property
+    def fence(self) -> LeaseFence:
+        return LeaseFence(self.lease_id, self.generation, self.owner_instance_id)
+
+
+@attrs.frozen
+class DispatchIntentResult:
+    """Outcome of recording process identity with the dispatch intent.
+
+    ``status`` is ``committed``/``not_committed`` (or ``recorded``/``not_recorded`` from
+    :meth:`~admission_plane.AdmissionPlane.record_process_identity`); ``reason`` is one of
+    ``stale_lease``, ``conflicting_intent``, ``invalid_process_identity``, ``transaction_fault``.
+    """
+
+    status: str
+    idempotent: bool | None = None
+    reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+
+@attrs.frozen
+class LiveTurnFailure:
+    """Why a live turn failed (``provider_capacity`` starts a cooldown of its provider/model)."""
+
+    category: FailureCategory = attrs.field(
+        converter=_enum(FailureCategory, "live turn failure category is invalid")
+    )
+    http_status: int | None = attrs.field(default=None, validator=_http_status)
+    code: str | None = attrs.field(default=None, validator=_signal)
+    reason: str | None = attrs.field(default=None, validator=_signal)
+
+
+@attrs.frozen
+class LiveTurnCompletion:
+    """How a live turn ended: ``completed``, ``cancelled``, or ``failed`` with an optional failure."""
+
+    outcome: RequestState = attrs.field(converter=_enum(RequestState, "live turn completion outcome is invalid"))
+    failure: LiveTurnFailure | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.outcome not in LIVE_OUTCOMES:
+            raise InvalidInputError("live turn completion outcome is invalid")
+        if self.failure is not None and self.outcome is not RequestState.FAILED:
+            raise InvalidInputError("live turn completion failure is inconsistent")
+        if self.failure is not None and not isinstance(self.failure, LiveTurnFailure):
+            raise InvalidInputError("live turn completion failure must be a LiveTurnFailure")
+
+
+def abandon_outcome(value: object) -> RequestState:
+    """``failed`` or ``cancelled``: the outcomes of a pre-prompt abandonment."""
+    try:
+        outcome = RequestState(value)
+    except ValueError:
+        outcome = None
+    if outcome not in ABANDON_OUTCOMES:
+        raise InvalidInputError("pre-prompt abandonment outcome must be failed or cancelled")
+    return outcome  # type: ignore[return-value]
+
+
+@attrs.frozen
+class DispatchProcessIdentity:
+    """The process evidence recorded with a dispatch intent."""
+
+    prompt_channel: PromptChannel
+    connector: ConnectorIdentity
+    child: ProcessIdentity
+
+
+@attrs.frozen
+class RecoverableDispatch:
+    """A lease still holding a seat, for startup recovery and the reaper (no payload, no agent)."""
+
+    request_id: str
+    session_id: str
+    provider: str
+    model: str
+    fence: LeaseFence
+    phase: RequestState
+    heartbeat_at: int
+    process_identity: DispatchProcessIdentity | None
+    host_id: str | None = None
+
+
+@attrs.frozen
+class RecoverableQueuedOwner:
+    """A queued request and the connector identity that enqueued it."""
+
+    request_id: str
+    owner: ConnectorIdentity
+
+
+@attrs.frozen
+class SanitizedEvent:
+    """One identifier-free journal row."""
+
+    event_seq: int
+    kind: str
+    from_state: str
+    to_state: str
+    occurred_at: int
+    correlation_hmac: str
+
+
+@attrs.frozen
+class ReaperSummary:
+    """What one reaper pass did."""
+
+    inspected: int = 0
+    released: int = 0
+    retained: int = 0
+    marked_recovery_required: int = 0
+    suspected: int = 0
+    queued_settled: int = 0
