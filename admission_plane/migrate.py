@@ -28,6 +28,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.script.revision import RevisionError
 from alembic.util import CommandError
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import NullPool
@@ -235,7 +236,7 @@ def _assert_revision_matches_ledger(script: ScriptDirectory, heads: tuple[str, .
         raise AdmissionMigrationError(f"alembic_version holds {len(heads)} revisions; expected one")
     try:
         lineage = list(script.iterate_revisions(heads[0], "base"))
-    except CommandError:
+    except (CommandError, RevisionError):
         raise AdmissionMigrationError(f"schema revision {heads[0]} is not known to this connector") from None
     expected = max((getattr(revision.module, "seed_ledger_version", 0) for revision in lineage), default=0)
     if expected != ledger_version:
