@@ -337,6 +337,22 @@ class PublishGenerationResult:
 
     generation: str = attrs.field(validator=validate_non_empty)
 
+    @classmethod
+    def from_json(cls, value: object) -> Self:
+        """Accept exactly the seed's four-key success result."""
+        if (
+            not is_record(value)
+            or not has_exact_keys(value, ("schema_version", "ok", "code", "generation"))
+            or not is_schema_one(value["schema_version"])
+            or value["ok"] is not True
+            or value["code"] != "generation_published"
+        ):
+            raise InvalidRecordError(cls.__name__)
+        try:
+            return cls(value["generation"])
+        except (TypeError, ValueError) as error:
+            raise InvalidRecordError(cls.__name__) from error
+
     def to_json(self) -> dict[str, Any]:
         """The result in the seed's key order."""
         return {
