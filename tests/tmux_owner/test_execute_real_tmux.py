@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -113,6 +114,30 @@ def deps_for(
     )
 
 
+def is_dead(pid: int) -> bool:
+    """Gone, or a zombie/dead entry: a killed server lingers as state Z until it is reaped (§16)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat[stat.rfind(")") + 2 :].split()[0] in ("Z", "X", "x")
+
+
+def kill_and_wait(socket: TmuxSocket) -> None:
+    """Kill the server, wait until it is really dead, and remove its stale socket file.
+
+    A client that connects while the old server is still shutting down gets
+    `server exited unexpectedly` instead of starting a fresh server.
+    """
+    pid = socket.server_pid()
+    assert socket.run("kill-server").returncode == 0
+    deadline = time.monotonic() + 10
+    while not is_dead(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert is_dead(pid)
+    socket.path.unlink(missing_ok=True)
+
+
 def proc_start_time(pid: int) -> str | None:
     return parse_linux_proc_start_time(Path(f"/proc/{pid}/stat").read_text())
 
@@ -157,7 +182,7 @@ def test_a_server_restarted_between_plan_and_execute_is_a_race(tmp_path: Path, t
     probe = injected_probe(tmux_socket)
     plan = plan_owner_isolation(plan_request(tmp_path, tmux_socket, "owned", baseline), probe)
     assert isinstance(plan, PlanSuccess)
-    assert tmux_socket.run("kill-server").returncode == 0
+    kill_and_wait(tmux_socket)
     replacement = tmux_socket.run(*tmux_socket.new_session_argv("impostor")[3:])
     assert replacement.returncode == 0, replacement.stderr
     result = execute_plan(plan, deps_for(tmp_path, probe, baseline))
