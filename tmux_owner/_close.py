@@ -19,7 +19,7 @@ import attrs
 
 from ._common import TmuxOwnerError, is_safe_integer
 from ._files import GENERATION_LOCK_WAIT_MS, acquire_lock, lifecycle_paths, read_json_record
-from ._generations import is_current_owner_generation
+from ._generations import is_current_owner_generation, validate_non_empty
 from ._intents import create_owner_intent, parse_timestamp_ms
 from ._verdicts import EXPECTED, OwnerVerdict
 
@@ -36,12 +36,14 @@ class ExactOwnerCloseRequest:
     """Which owner to close: its generation, server, pid and the start time that proves the pid."""
 
     state_dir: str | os.PathLike[str]
-    session_id: str
-    generation: str
-    server_key: str
+    session_id: str = attrs.field(validator=validate_non_empty)
+    generation: str = attrs.field(validator=validate_non_empty)
+    server_key: str = attrs.field(validator=validate_non_empty)
     pid: int = attrs.field(validator=_positive_pid)
-    start_time: str
-    dispatch_id: str
+    start_time: str = attrs.field(validator=validate_non_empty)
+    dispatch_id: str = attrs.field(validator=validate_non_empty)
+    # Intent timestamps are checked where the seed checks them: creating the intent
+    # raises owner_intent_invalid, after the start-time proof.
     created_at: str
     expires_at: str
 

@@ -338,8 +338,11 @@ def test_the_live_start_time_reader_takes_field_22_after_the_last_parenthesis() 
     assert read_proc_start_time(2**22 + 1) is None
 
 
-def test_close_requests_need_a_positive_integer_pid() -> None:
-    """A pid must be a positive integer, never a boolean."""
+def test_close_requests_need_a_positive_integer_pid_and_non_empty_identifiers() -> None:
+    """A pid must be a positive integer (never a boolean); ids and the start time must be non-empty."""
     for pid in (0, -1, True, 1.5, "12"):
         with pytest.raises((TypeError, ValueError)):
             close_request(Path("/s"), pid=pid)
+    for field in ("session_id", "generation", "server_key", "start_time", "dispatch_id"):
+        with pytest.raises(ValueError):
+            close_request(Path("/s"), **{field: ""})

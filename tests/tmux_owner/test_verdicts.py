@@ -439,3 +439,31 @@ def test_consistent_persisted_verdicts_are_accepted() -> None:
     request = ObserveTerminalRequest.from_json(request_json(Path("/s")))
     assert is_valid_owner_verdict(expected, request)
     assert not is_valid_owner_verdict(unexpected_verdict(server_key="other"), request)
+
+
+@pytest.mark.parametrize(
+    ("moved_to", "outcome"), [(".consumed", "ok"), (".cancelled", "owner_intent_consumption_failed")]
+)
+def test_an_intent_gone_before_consumption_is_accepted_only_if_already_consumed(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch, moved_to: str, outcome: str
+) -> None:
+    """TO-119: when the intent vanished after the verdict, only a matching .consumed intent lets observe succeed."""
+    make_intent(state_dir)
+    root = root_of(state_dir)
+    real_build = _verdicts._build_verdict
+
+    def build_then_move_intent(observation: Any, intent: Any) -> OwnerVerdict:
+        # Another actor renames the intent after it was read, before this observer consumes it.
+        os.rename(root / "intent-generation.json", root / f"intent-generation.json{moved_to}")
+        return real_build(observation, intent)
+
+    monkeypatch.setattr(_verdicts, "_build_verdict", build_then_move_intent)
+    request = request_json(state_dir, operator_dispatch_id="dispatch")
+    if outcome == "ok":
+        assert observe_owner_terminal(request).classification == "expected_operator_shutdown"
+        assert (root / "verdict.json").exists()
+    else:
+        with pytest.raises(TmuxOwnerError, match=rf"^{outcome}$"):
+            observe_owner_terminal(request)
+        assert (root / "verdict-generation.json").exists()
+        assert not (root / "verdict.json").exists()
