@@ -13,7 +13,6 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import attrs
 
@@ -21,6 +20,7 @@ from ._common import TmuxOwnerError, is_safe_integer
 from ._files import GENERATION_LOCK_WAIT_MS, acquire_lock, lifecycle_paths, read_json_record
 from ._generations import is_current_owner_generation, validate_non_empty
 from ._intents import create_owner_intent, parse_timestamp_ms
+from ._procstat import read_linux_proc_start_time
 from ._verdicts import EXPECTED, OwnerVerdict
 
 VERDICT_POLL_SECONDS = 0.05
@@ -49,20 +49,8 @@ class ExactOwnerCloseRequest:
 
 
 def read_proc_start_time(pid: int) -> str | None:
-    """Field 22 of ``/proc/<pid>/stat`` (start time in clock ticks), or ``None`` if unreadable.
-
-    The fields are counted after the last ``)``, because the command name may itself
-    contain spaces and parentheses (tmux's server is ``(tmux: server)``).
-    """
-    try:
-        text = Path(f"/proc/{pid}/stat").read_bytes().decode("ascii", errors="replace")
-    except OSError:
-        return None
-    _, bracket, rest = text.rpartition(")")
-    fields = rest.split()
-    if not bracket or len(fields) < 20 or not fields[19].isascii() or not fields[19].isdigit():
-        return None
-    return fields[19]
+    """The live start time of ``pid`` (``/proc/<pid>/stat`` field 22, counted after the last ``)``), or ``None``."""
+    return read_linux_proc_start_time(pid)
 
 
 def send_sigterm(pid: int) -> None:
