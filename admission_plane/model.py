@@ -201,10 +201,6 @@ class SessionRecord(Base):
     """The connector's session table (kept by the seed's schema; not used by admission)."""
 
     __tablename__ = "sessions"
-    __table_args__ = (
-        Index("sessions_updated_at_session_id", text("updated_at DESC"), "session_id"),
-        Index("sessions_cwd_updated_at_session_id", "cwd", text("updated_at DESC"), "session_id"),
-    )
 
     session_id: Mapped[str] = mapped_column(Text, primary_key=True)
     conversation_id: Mapped[str | None] = mapped_column(Text)
@@ -216,6 +212,21 @@ class SessionRecord(Base):
     roots_json: Mapped[str] = mapped_column(Text, nullable=False)
     v2_user_message_ids_json: Mapped[str] = mapped_column(Text, nullable=False)
     updated_at: Mapped[int] = mapped_column(Int64, nullable=False)
+
+
+# Declared on the table's columns (not as text) so that DESC is a column sort that
+# `alembic check` compares with the database instead of an expression it cannot.
+Index(
+    "sessions_updated_at_session_id",
+    SessionRecord.__table__.c.updated_at.desc(),
+    SessionRecord.__table__.c.session_id,
+)
+Index(
+    "sessions_cwd_updated_at_session_id",
+    SessionRecord.__table__.c.cwd,
+    SessionRecord.__table__.c.updated_at.desc(),
+    SessionRecord.__table__.c.session_id,
+)
 
 
 class Event(Base):
