@@ -36,6 +36,7 @@ from sqlalchemy.pool import NullPool
 from .db import SQLITE_BEGIN_OPTION, create_admission_engine
 from .errors import AdmissionMigrationError
 from .model import ADMISSION_TABLES
+from .schema_check import LEDGER
 
 __all__ = [
     "HEAD_REVISION",
@@ -58,11 +59,7 @@ __all__ = [
 #: The newest revision of the history shipped with this package.
 HEAD_REVISION = "0003_seed_v3"
 #: The seed's ledger: ``(version, name)`` of every schema version it knows.
-SEED_LEDGER: tuple[tuple[int, str], ...] = (
-    (1, "shared-admission-queue"),
-    (2, "shared-admission-queue-v2"),
-    (3, "shared-admission-queue-v3"),
-)
+SEED_LEDGER: tuple[tuple[int, str], ...] = LEDGER
 #: The Alembic revision that writes each ledger version.
 SEED_REVISIONS: Mapping[int, str] = {1: "0001_seed_v1", 2: "0002_seed_v2", 3: "0003_seed_v3"}
 LEDGER_TABLE = "schema_migrations"

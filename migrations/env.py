@@ -10,8 +10,10 @@ the first step reuses, so a refusal or a failed step leaves the database unchang
 from __future__ import annotations
 
 from logging.config import fileConfig
+from typing import Any
 
 from alembic import context
+from alembic.operations import ops
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
@@ -26,6 +28,56 @@ if config.config_file_name is not None and config.get_section("loggers") is not 
     fileConfig(config.config_file_name, disable_existing_loggers=False)
 
 
+def drop_sqlite_reflection_artefacts(migration_context: Any, _revision: Any, directives: list[Any]) -> None:
+    """Remove the two false differences SQLite reflection reports for the seed's DDL, each verified by PRAGMA.
+
+    The seed declares ``x TEXT PRIMARY KEY`` without NOT NULL (SQLite then reflects the key
+    as nullable; the entities cannot say that portably), and writes foreign keys inline as
+    ``REFERENCES t(c) ON DELETE CASCADE``, whose action SQLAlchemy does not reflect (it parses
+    only table-level FOREIGN KEY clauses). Everything else autogenerate finds is kept.
+    """
+    connection = migration_context.connection
+    if connection is None or connection.dialect.name != "sqlite" or not directives:
+        return
+    for upgrade_ops in directives[0].upgrade_ops_list:
+        for table_ops in upgrade_ops.ops:
+            if isinstance(table_ops, ops.ModifyTableOps):
+                table_ops.ops = _without_artefacts(connection, table_ops.table_name, table_ops.ops)
+        upgrade_ops.ops = [op for op in upgrade_ops.ops if not (isinstance(op, ops.ModifyTableOps) and not op.ops)]
+
+
+def _without_artefacts(connection: Connection, table: str, table_ops: list[Any]) -> list[Any]:
+    info = {row[1]: row for row in connection.exec_driver_sql(f'PRAGMA table_info("{table}")')}
+    pragma_fks = {
+        ((row[3],), row[2], (row[4],)): row[6] for row in connection.exec_driver_sql(f'PRAGMA foreign_key_list("{table}")')
+    }
+    cascades = {
+        (tuple(op.local_cols), op.referent_table, tuple(op.remote_cols))
+        for op in table_ops
+        if isinstance(op, ops.CreateForeignKeyOp)
+        and pragma_fks.get((tuple(op.local_cols), op.referent_table, tuple(op.remote_cols)))
+        == str(op.kw.get("ondelete") or "NO ACTION").upper()
+    }
+
+    def artefact(op: Any) -> bool:
+        if isinstance(op, ops.AlterColumnOp):
+            row = info.get(op.column_name)
+            only_nullable = op.modify_nullable is False and op.existing_nullable is True and not any(
+                (op.modify_type, op.modify_server_default, op.modify_name, op.modify_comment)
+            )
+            return only_nullable and row is not None and row[5] > 0 and row[3] == 0
+        if isinstance(op, ops.CreateForeignKeyOp):
+            return (tuple(op.local_cols), op.referent_table, tuple(op.remote_cols)) in cascades
+        if isinstance(op, ops.DropConstraintOp) and op.constraint_type == "foreignkey":
+            fk = op.to_constraint()
+            element = next(iter(fk.elements))
+            signature = (tuple(fk.column_keys), element.column.table.name, tuple(e.column.name for e in fk.elements))
+            return signature in cascades
+        return False
+
+    return [op for op in table_ops if not artefact(op)]
+
+
 def run_on(connection: Connection) -> None:
     """Configure the context on ``connection``, run the guards, then the migration steps."""
     external = connection.in_transaction()
@@ -35,11 +87,13 @@ def run_on(connection: Connection) -> None:
         transactional_ddl=True,
         transaction_per_migration=True,
         compare_type=True,
+        process_revision_directives=drop_sqlite_reflection_artefacts,
     )
     try:
         # Only commands that move the version (upgrade, downgrade, stamp) adopt or refuse.
-        if context.get_revision_argument() is not None:
-            prepare_migration(context.get_context(), context.script)
+        migration_context = context.get_context()
+        if migration_context.opts.get("destination_rev") is not None:
+            prepare_migration(migration_context, context.script)
         with context.begin_transaction():
             context.run_migrations()
     except SQLAlchemyError as error:
