@@ -1,0 +1,167 @@
+"""Where the command line finds its two 32-byte keys, without ever printing them.
+
+Order: the environment (``ADMISSION_PLANE_ENCRYPTION_KEY`` and
+``ADMISSION_PLANE_CONTENT_KEY``, 64 hexadecimal characters each, both or neither), else a
+key file holding the same two ``NAME=hex`` lines. The key file lives in the state
+directory unless named; it is created with mode 0600 (in a 0700 directory) only when the
+caller asks for it, and refused when it is a symbolic link, belongs to another user or is
+readable or writable by anyone else. Error messages name the variable or the file, never
+the key material.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from pathlib import Path
+
+import attrs
+
+from .errors import MissingKeyError
+
+__all__ = [
+    "CONTENT_KEY_VARIABLE",
+    "ENCRYPTION_KEY_VARIABLE",
+    "KeyPair",
+    "default_key_file",
+    "generate_key_file",
+    "load_keys",
+    "state_directory",
+]
+
+ENCRYPTION_KEY_VARIABLE = "ADMISSION_PLANE_ENCRYPTION_KEY"
+CONTENT_KEY_VARIABLE = "ADMISSION_PLANE_CONTENT_KEY"
+KEY_FILE_NAME = "keys"
+_KEY_HEX_LENGTH = 64
+_MAX_KEY_FILE_BYTES = 4096
+
+
+@attrs.frozen(repr=False)
+class KeyPair:
+    """The payload encryption key and the content-fingerprint (HMAC) key; the repr hides both."""
+
+    encryption_key: bytes
+    content_fingerprint_key: bytes
+    source: str
+
+    def __repr__(self) -> str:
+        return f"<KeyPair from {self.source}>"
+
+
+def state_directory() -> Path:
+    """``$XDG_STATE_HOME/admission-plane``, else ``~/.local/state/admission-plane``."""
+    base = os.environ.get("XDG_STATE_HOME") or ""
+    root = Path(base) if os.path.isabs(base) else Path.home() / ".local" / "state"
+    return root / "admission-plane"
+
+
+def default_key_file() -> Path:
+    """The key file in :func:`state_directory`."""
+    return state_directory() / KEY_FILE_NAME
+
+
+def load_keys(key_file: str | os.PathLike[str] | None = None, *, create: bool = False) -> KeyPair:
+    """Load the keys from the environment, else from ``key_file`` (default :func:`default_key_file`).
+
+    With ``create=True`` a missing key file is generated first. Raises
+    :class:`~admission_plane.errors.MissingKeyError` (a one-line message) when no key is
+    found or a key source is unsafe or malformed.
+    """
+    from_environment = _keys_from_environment()
+    if from_environment is not None:
+        return from_environment
+    path = Path(key_file) if key_file is not None else default_key_file()
+    if create and not os.path.lexists(path):
+        generate_key_file(path)
+    return _read_key_file(path)
+
+
+def generate_key_file(path: str | os.PathLike[str]) -> Path:
+    """Write two fresh random keys to a new file with mode 0600; never overwrites an existing file."""
+    target = Path(path)
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    text = (
+        f"{ENCRYPTION_KEY_VARIABLE}={secrets.token_hex(32)}\n"
+        f"{CONTENT_KEY_VARIABLE}={secrets.token_hex(32)}\n"
+    )
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        descriptor = os.open(target, flags, 0o600)
+    except FileExistsError:
+        raise MissingKeyError(f"key file {target} already exists") from None
+    try:
+        os.fchmod(descriptor, 0o600)
+        os.write(descriptor, text.encode("ascii"))
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+    return target
+
+
+def _keys_from_environment() -> KeyPair | None:
+    encryption = os.environ.get(ENCRYPTION_KEY_VARIABLE)
+    content = os.environ.get(CONTENT_KEY_VARIABLE)
+    if encryption is None and content is None:
+        return None
+    if encryption is None or content is None:
+        missing = ENCRYPTION_KEY_VARIABLE if encryption is None else CONTENT_KEY_VARIABLE
+        raise MissingKeyError(f"{missing} is not set (set both key variables or neither)")
+    return KeyPair(
+        _decode(encryption, ENCRYPTION_KEY_VARIABLE), _decode(content, CONTENT_KEY_VARIABLE), "the environment"
+    )
+
+
+def _read_key_file(path: Path) -> KeyPair:
+    try:
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        raise MissingKeyError(
+            f"no keys: set {ENCRYPTION_KEY_VARIABLE} and {CONTENT_KEY_VARIABLE}, "
+            f"or create {path} with `admission-plane keys init`"
+        ) from None
+    except OSError as error:
+        raise MissingKeyError(f"key file {path} cannot be opened: {error.strerror}") from None
+    try:
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode):
+            raise MissingKeyError(f"key file {path} is not a regular file")
+        if status.st_uid != os.geteuid():
+            raise MissingKeyError(f"key file {path} belongs to another user")
+        if status.st_mode & 0o077:
+            raise MissingKeyError(
+                f"key file {path} is accessible by other users (mode {stat.S_IMODE(status.st_mode):04o}); "
+                "run chmod 600 on it"
+            )
+        raw = os.read(descriptor, _MAX_KEY_FILE_BYTES + 1)
+    finally:
+        os.close(descriptor)
+    if len(raw) > _MAX_KEY_FILE_BYTES:
+        raise MissingKeyError(f"key file {path} is too large")
+    values: dict[str, str] = {}
+    try:
+        text = raw.decode("ascii")
+    except UnicodeDecodeError:
+        raise MissingKeyError(f"key file {path} is malformed") from None
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, separator, value = line.partition("=")
+        if not separator or name.strip() not in (ENCRYPTION_KEY_VARIABLE, CONTENT_KEY_VARIABLE):
+            raise MissingKeyError(f"key file {path} is malformed")
+        values[name.strip()] = value.strip()
+    for name in (ENCRYPTION_KEY_VARIABLE, CONTENT_KEY_VARIABLE):
+        if name not in values:
+            raise MissingKeyError(f"key file {path} has no {name}")
+    return KeyPair(
+        _decode(values[ENCRYPTION_KEY_VARIABLE], f"{ENCRYPTION_KEY_VARIABLE} in {path}"),
+        _decode(values[CONTENT_KEY_VARIABLE], f"{CONTENT_KEY_VARIABLE} in {path}"),
+        str(path),
+    )
+
+
+def _decode(text: str, label: str) -> bytes:
+    value = text.strip()
+    if len(value) != _KEY_HEX_LENGTH or any(char not in "0123456789abcdefABCDEF" for char in value):
+        raise MissingKeyError(f"{label} must be {_KEY_HEX_LENGTH} hexadecimal characters (32 bytes)")
+    return bytes.fromhex(value)

@@ -1,0 +1,476 @@
+"""The high-level turn API: one ``with`` block drives a turn through the whole lifecycle.
+
+::
+
+    with plane.turn(request_id="r-1", session_id="s-1", agent_id="agent-a",
+                    provider="anthropic", model="claude", prompt="hello",
+                    command=["my-provider-cli"]) as turn:
+        reply = turn.child.stdout.read()      # the turn is active here; heartbeats run
+        if b"overloaded" in reply:
+            turn.fail("provider_capacity")    # cools the model down for everyone
+
+Entering the block enqueues the request with its sealed prompt, waits for admission
+(polling with back-off; the queue position is reported to ``progress`` and kept in
+:attr:`Turn.snapshot`), marks the lease starting, spawns (or adopts) the dispatch child,
+records the child's process identity with the dispatch intent, reads the prompt back
+from the payload, writes it to the child and marks the turn active. A background thread
+heartbeats the lease from admission until the block ends. Leaving the block completes
+the turn with the outcome chosen in the block (``completed`` by default).
+
+Failure rules (never a re-enqueue): an exception while still queued cancels the request;
+an exception after admission but before the prompt write abandons the lease
+(``failed``, or ``cancelled`` for ``KeyboardInterrupt``); an exception once the write
+began, or inside the block, marks the execution ``recovery_required`` (the seat stays
+held as visible capacity debt). The original exception is always re-raised.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+import attrs
+
+from .errors import AdmissionError, AdmissionStateError, InvalidInputError, LeaseFenceError, UnknownLeaseError
+from .evidence import capture
+from .service import AdmissionPlane, wall_clock_ms
+from .states import FailureCategory, PromptChannel, RequestState
+from .values import AdmittedLease, DispatchRecord, LiveTurnCompletion, LiveTurnFailure, QueueSnapshot
+
+__all__ = [
+    "DEFAULT_FINGERPRINT",
+    "Backoff",
+    "DispatchRefusedError",
+    "Turn",
+    "TurnNotAdmittedError",
+    "run_turn",
+    "spawn_child",
+    "turn",
+]
+
+T = TypeVar("T")
+S = RequestState
+
+#: The request fingerprint used when the caller gives none (it is stored in clear: never derive it from the prompt).
+DEFAULT_FINGERPRINT = "admission-plane.turn/1"
+#: ``mark_starting`` refusals that clear by themselves once other turns move on.
+_RETRYABLE_START_REFUSALS = frozenset({"concurrent start limit reached", "start interval has not elapsed"})
+_TERMINATE_GRACE_S = 2.0
+
+Progress = Callable[["Turn", str], object]
+Spawn = Callable[[], "subprocess.Popen[bytes] | int"]
+WritePrompt = Callable[["Turn", str], object]
+
+
+class TurnNotAdmittedError(AdmissionStateError):
+    """The request left the queue without being admitted here (timed out, cancelled, taken by another owner)."""
+
+
+class DispatchRefusedError(AdmissionStateError):
+    """The dispatch intent was not committed (``reason`` as in :class:`~admission_plane.DispatchIntentResult`)."""
+
+    def __init__(self, reason: str | None) -> None:
+        super().__init__(f"dispatch intent was not committed: {reason}")
+        self.reason = reason
+
+
+@attrs.frozen
+class Backoff:
+    """Polling delays: ``initial_ms``, multiplied by ``factor`` up to ``max_ms``, with +/- ``jitter``."""
+
+    initial_ms: int = 10
+    factor: float = 1.6
+    max_ms: int = 250
+    jitter: float = 0.2
+
+    def delays(self) -> Any:
+        """Yield successive delays in seconds, forever."""
+        delay = float(self.initial_ms)
+        while True:
+            spread = delay * self.jitter
+            yield max(0.0, delay + random.uniform(-spread, spread)) / 1000  # noqa: S311 - jitter, not secrecy
+            delay = min(delay * self.factor, float(self.max_ms))
+
+
+def spawn_child(command: Sequence[str], **popen_options: Any) -> subprocess.Popen[bytes]:
+    """Start a dispatch child in its own process group and session (so the reaper can inspect its
+    group), with a pipe on stdin for the prompt and, unless overridden, one on stdout."""
+    popen_options.setdefault("stdin", subprocess.PIPE)
+    popen_options.setdefault("stdout", subprocess.PIPE)
+    popen_options.setdefault("start_new_session", True)
+    return subprocess.Popen(list(command), **popen_options)
+
+
+def _write_to_stdin(turn: Turn, prompt: str) -> None:
+    child = turn.child
+    if child is None or child.stdin is None:
+        raise InvalidInputError("the default prompt writer needs a spawned child with a stdin pipe")
+    try:
+        child.stdin.write(prompt.encode("utf-8"))
+        child.stdin.flush()
+    finally:
+        child.stdin.close()
+
+
+class _Stage:
+    NEW = 0
+    QUEUED = 1
+    LEASED = 2  # a seat is held and no byte of the prompt was written
+    WRITING = 3  # the write began: from here on the dispatch is never undone
+    DONE = 4
+
+
+class Turn:
+    """One agent turn driven through the lifecycle by ``with`` (see the module docstring).
+
+    Attributes readable in the block and afterwards: ``request_id``, ``lease``
+    (:class:`~admission_plane.AdmittedLease`), ``snapshot`` (the last
+    :class:`~admission_plane.QueueSnapshot` seen while queued), ``enqueued_at``,
+    ``admitted_at``, ``waited_ms``, ``child`` (the :class:`subprocess.Popen`, or ``None``
+    for an adopted pid), ``pid``, ``lease_lost`` (a heartbeat found the lease gone) and,
+    after the block, ``state`` (the request's final :class:`~admission_plane.RequestState`).
+    """
+
+    def __init__(
+        self,
+        plane: AdmissionPlane,
+        *,
+        request_id: str,
+        session_id: str,
+        agent_id: str,
+        provider: str,
+        model: str,
+        prompt: str,
+        command: Sequence[str] | None = None,
+        spawn: Spawn | None = None,
+        write_prompt: WritePrompt | None = None,
+        fingerprint: str = DEFAULT_FINGERPRINT,
+        prompt_channel: PromptChannel | str = PromptChannel.STDIN,
+        progress: Progress | None = None,
+        wait_timeout_ms: int | None = None,
+        start_timeout_ms: int = 60_000,
+        backoff: Backoff | None = None,
+        heartbeat_interval_ms: int = 1_000,
+        payload_grace_ms: int = 300_000,
+        clock: Callable[[], int] = wall_clock_ms,
+        sleep: Callable[[float], object] = time.sleep,
+    ) -> None:
+        if not isinstance(plane, AdmissionPlane):
+            raise InvalidInputError("turn needs an AdmissionPlane")
+        if (command is None) == (spawn is None):
+            raise InvalidInputError("turn needs exactly one of command and spawn")
+        if not isinstance(prompt, str):
+            raise InvalidInputError("turn prompt must be a string")
+        for value, label in ((heartbeat_interval_ms, "heartbeat interval"), (payload_grace_ms, "payload grace")):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidInputError(f"turn {label} must be a positive integer of milliseconds")
+        self.plane = plane
+        self.request_id = request_id
+        self._metadata = {
+            "request_id": request_id,
+            "session_id": session_id,
+            "agent_id": agent_id,
+            "fingerprint": fingerprint,
+            "provider": provider,
+            "model": model,
+        }
+        self._prompt: str | None = prompt
+        self._spawn: Spawn = spawn if spawn is not None else (lambda: spawn_child(command or ()))
+        self._write_prompt: WritePrompt = write_prompt or _write_to_stdin
+        try:
+            self.prompt_channel = PromptChannel(prompt_channel)
+        except ValueError:
+            raise InvalidInputError("prompt channel must be stdin or pty") from None
+        self._progress = progress
+        self._wait_timeout_ms = wait_timeout_ms
+        self._start_timeout_ms = start_timeout_ms
+        self._backoff = backoff or Backoff()
+        self._heartbeat_interval_s = heartbeat_interval_ms / 1000
+        self._payload_grace_ms = payload_grace_ms
+        self._clock = clock
+        self._sleep = sleep
+        self._stage = _Stage.NEW
+        self._completion = LiveTurnCompletion(S.COMPLETED)
+        self._heartbeat_stop = threading.Event()
+        self._heartbeat_thread: threading.Thread | None = None
+        self.lease: AdmittedLease | None = None
+        self.snapshot: QueueSnapshot | None = None
+        self.enqueued_at: int | None = None
+        self.admitted_at: int | None = None
+        self.child: subprocess.Popen[bytes] | None = None
+        self.pid: int | None = None
+        self.lease_lost = False
+        self.state: RequestState | None = None
+
+    def __repr__(self) -> str:
+        return f"<Turn {self.state or self._stage_name()}>"
+
+    # --- what the block may decide ----------------------------------------------------------------
+
+    def complete(self) -> None:
+        """End the turn ``completed`` when the block exits (the default)."""
+        self._completion = LiveTurnCompletion(S.COMPLETED)
+
+    def cancel(self) -> None:
+        """End the turn ``cancelled`` when the block exits."""
+        self._completion = LiveTurnCompletion(S.CANCELLED)
+
+    def fail(
+        self,
+        category: FailureCategory | str = FailureCategory.UNKNOWN,
+        *,
+        http_status: int | None = None,
+        code: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """End the turn ``failed``; ``provider_capacity`` cools its provider/model down for every connector."""
+        failure = LiveTurnFailure(category, http_status=http_status, code=code, reason=reason)
+        self._completion = LiveTurnCompletion(S.FAILED, failure)
+
+    @property
+    def waited_ms(self) -> int | None:
+        """Milliseconds from enqueue to admission (``None`` before admission)."""
+        if self.enqueued_at is None or self.admitted_at is None:
+            return None
+        return max(0, self.admitted_at - self.enqueued_at)
+
+    # --- the lifecycle ------------------------------------------------------------------------------
+
+    def __enter__(self) -> Turn:
+        if self._stage != _Stage.NEW:
+            raise AdmissionStateError("a turn can be entered only once")
+        try:
+            self._enqueue()
+            self._wait_for_admission()
+            self._start_heartbeat()
+            self._start()
+            self._dispatch()
+        except BaseException as error:
+            self._unwind(error)
+            raise
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if exc is not None:
+            self._unwind(exc)
+            return
+        try:
+            self._stop_heartbeat()
+            self._terminate_child()
+            assert self.lease is not None
+            self.plane.complete_live_turn(self.lease, self._clock(), self._completion)
+        except BaseException as error:
+            self._unwind(error)
+            raise
+        self._finish(self._completion.outcome)
+
+    def _enqueue(self) -> None:
+        now = self._clock()
+        prompt, self._prompt = self._prompt, None
+        assert prompt is not None
+        self.plane.enqueue_with_payload(
+            **self._metadata,
+            now=now,
+            plaintext=prompt,
+            expires_at=now + self.plane.policy.queue_timeout_ms + self._payload_grace_ms,
+        )
+        self.enqueued_at = now
+        self._stage = _Stage.QUEUED
+        self._report("enqueued")
+
+    def _wait_for_admission(self) -> None:
+        owner = self.plane.owner_identity.owner_instance_id
+        started = self._clock()
+        delays = self._backoff.delays()
+        while True:
+            now = self._clock()
+            lease = self.plane.admit_request(self.request_id, now, owner)
+            if lease is not None:
+                self.lease, self.admitted_at = lease, now
+                self._stage = _Stage.LEASED
+                self._report(S.ADMITTED)
+                return
+            self.snapshot = self.plane.get_queue_snapshot(self.request_id, now)
+            if self.snapshot is None:
+                stored = self.plane.get_request(self.request_id)
+                if stored is None or stored.state is not S.QUEUED:
+                    state = "absent" if stored is None else str(stored.state)
+                    raise TurnNotAdmittedError(f"the request left the queue without being admitted here ({state})")
+            self._report(S.QUEUED)
+            if self._wait_timeout_ms is not None and now - started >= self._wait_timeout_ms:
+                raise TurnNotAdmittedError("timed out waiting for admission")
+            self._sleep(next(delays))
+
+    def _start(self) -> None:
+        assert self.lease is not None
+        started = self._clock()
+        delays = self._backoff.delays()
+        while True:
+            now = self._clock()
+            try:
+                self.plane.mark_starting(self.lease, now)
+            except AdmissionStateError as error:
+                if str(error) not in _RETRYABLE_START_REFUSALS or now - started >= self._start_timeout_ms:
+                    raise
+                self._sleep(next(delays))
+                continue
+            self._report(S.STARTING)
+            return
+
+    def _dispatch(self) -> None:
+        assert self.lease is not None
+        spawned = self._spawn()
+        if isinstance(spawned, subprocess.Popen):
+            self.child, self.pid = spawned, spawned.pid
+        elif isinstance(spawned, int) and not isinstance(spawned, bool):
+            self.pid = spawned
+        else:
+            raise InvalidInputError("spawn must return a subprocess.Popen or a pid")
+        connector = self.plane.owner_identity
+        record = DispatchRecord(
+            request_id=self.request_id,
+            lease_id=self.lease.lease_id,
+            generation=self.lease.generation,
+            owner_instance_id=connector.owner_instance_id,
+            connector=connector,
+            child=capture(self.pid),
+            prompt_channel=self.prompt_channel,
+        )
+        result = self.plane.commit_dispatch_intent(record)
+        if not result.ok:
+            raise DispatchRefusedError(result.reason)
+        self._report(S.DISPATCH_INTENT)
+        prompt = self.plane.read_payload(self.request_id, self._clock())
+        self._stage = _Stage.WRITING
+        self._write_prompt(self, prompt)
+        del prompt
+        self.plane.mark_active(self.lease, self._clock())
+        self._report(S.ACTIVE)
+
+    # --- failure paths --------------------------------------------------------------------------------
+
+    def _unwind(self, error: BaseException) -> None:
+        """Settle the request after ``error`` without ever requeueing it; notes cleanup failures on ``error``."""
+        stage = self._stage
+        self._stage = _Stage.DONE
+        self._stop_heartbeat()
+        try:
+            if stage == _Stage.QUEUED:
+                self._cancel_queued()
+            elif stage == _Stage.LEASED:
+                self._terminate_child()
+                outcome = S.CANCELLED if isinstance(error, KeyboardInterrupt) else S.FAILED
+                assert self.lease is not None
+                self.plane.abandon_before_prompt(self.lease, self._clock(), outcome)
+                self._finish(outcome)
+            elif stage == _Stage.WRITING:
+                assert self.lease is not None
+                self.plane.mark_execution_recovery_required(self.lease, self._clock())
+                self._terminate_child()
+                self._finish(S.RECOVERY_REQUIRED)
+        except Exception as cleanup_error:  # noqa: BLE001 - the caller must see the original error
+            error.add_note(f"admission-plane: settling the turn failed too: {cleanup_error}")
+            self._terminate_child()
+
+    def _cancel_queued(self) -> None:
+        now = self._clock()
+        stored = self.plane.get_request(self.request_id)
+        if stored is not None and stored.state is S.QUEUED:
+            self.plane.cancel_queued(self.request_id, now)
+            self._finish(S.CANCELLED)
+            return
+        # An admission may have committed although its call raised: find our lease and abandon it.
+        owner = self.plane.owner_identity.owner_instance_id
+        for dispatch in self.plane.list_recoverable_dispatches():
+            mine = dispatch.request_id == self.request_id and dispatch.fence.owner_instance_id == owner
+            if mine and dispatch.phase is S.ADMITTED:
+                self.plane.abandon_before_prompt(dispatch.fence, now, S.FAILED)
+                self._finish(S.FAILED)
+                return
+        if stored is not None:
+            self.state = stored.state
+
+    def _finish(self, state: RequestState) -> None:
+        self._stage = _Stage.DONE
+        self.state = state
+        self._report(state)
+
+    def _terminate_child(self) -> None:
+        """Stop a child this turn spawned, if it still runs (its whole group when it leads one)."""
+        child = self.child
+        if child is None or child.poll() is not None:
+            return
+        # While the leader is unreaped its pid (and so its group id) cannot be reused.
+        group = child.pid if _process_group(child.pid) == child.pid else None
+        for sig, grace in ((signal.SIGTERM, _TERMINATE_GRACE_S), (signal.SIGKILL, None)):
+            try:
+                if group is not None:
+                    os.killpg(group, sig)
+                else:
+                    child.send_signal(sig)
+            except ProcessLookupError:
+                pass
+            try:
+                child.wait(timeout=grace)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    # --- heartbeats and progress ----------------------------------------------------------------------
+
+    def _start_heartbeat(self) -> None:
+        thread = threading.Thread(target=self._heartbeat_loop, name=f"turn-heartbeat-{id(self):x}", daemon=True)
+        self._heartbeat_thread = thread
+        thread.start()
+
+    def _heartbeat_loop(self) -> None:
+        lease = self.lease
+        assert lease is not None
+        while not self._heartbeat_stop.wait(self._heartbeat_interval_s):
+            try:
+                self.plane.heartbeat(lease, self._clock())
+            except (LeaseFenceError, UnknownLeaseError):
+                self.lease_lost = True
+                return
+            except AdmissionError:
+                continue  # contention or a transient fault: the next beat tries again
+
+    def _stop_heartbeat(self) -> None:
+        self._heartbeat_stop.set()
+        thread = self._heartbeat_thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _report(self, phase: str) -> None:
+        if self._progress is not None:
+            self._progress(self, str(phase))
+
+    def _stage_name(self) -> str:
+        return {0: "new", 1: "queued", 2: "leased", 3: "writing", 4: "done"}[self._stage]
+
+
+def _process_group(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def turn(plane: AdmissionPlane, **options: Any) -> Turn:
+    """A :class:`Turn` on ``plane``: use it as ``with turn(plane, ...) as t:`` (see :class:`Turn`)."""
+    return Turn(plane, **options)
+
+
+def run_turn(plane: AdmissionPlane, handler: Callable[[Turn], T], **options: Any) -> T:
+    """Run ``handler`` inside an active turn and return its result (the turn settles as in :class:`Turn`)."""
+    with Turn(plane, **options) as active:
+        return handler(active)
