@@ -150,9 +150,17 @@ def iso_now(now_ms: int | None = None) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S") + f".{millis % 1000:03d}Z"
 
 
+_NOT_PRINTABLE_ASCII = re.compile(r"[^\x20-\x7e]")
+
+
 def safe_diagnostic(value: str) -> str:
-    """Bound a diagnostic to the seed's 512 characters."""
-    return value[:MAX_DIAGNOSTIC_CHARS]
+    """The seed's ``safeDiagnostic``: non-printable-ASCII becomes ``?``, cut to 512 characters.
+
+    JavaScript replaces per UTF-16 unit, so a character outside the BMP becomes ``??``;
+    after the replacement every character is one unit, so the cut matches ``slice``.
+    """
+    cleaned = _NOT_PRINTABLE_ASCII.sub(lambda match: "??" if ord(match.group()) > 0xFFFF else "?", value)
+    return cleaned[:MAX_DIAGNOSTIC_CHARS]
 
 
 _FORBIDDEN_COMPONENTS = {"", ".", ".."}

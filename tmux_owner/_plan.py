@@ -33,6 +33,7 @@ from ._common import (
     iso_now,
     loads,
     non_empty,
+    safe_diagnostic,
 )
 from ._files import ensure_directory, lifecycle_paths, publish_exclusive
 from ._generations import OwnerGenerationBaseline, is_owner_generation_baseline_current, is_schema_one
@@ -52,21 +53,11 @@ PLATFORMS: frozenset[str] = frozenset(
 ATTEMPT_LIFETIME_MS = 7_000
 CLI_FLAG = "--internal-tmux-owner-isolation"
 _NATIVE_SESSION_ID = re.compile(r"\$[0-9]+")
-_NOT_PRINTABLE_ASCII = re.compile(r"[^\x20-\x7e]")
 
 
 def current_ms() -> int:
     """Milliseconds since the epoch, like JavaScript's ``Date.now()``."""
     return time.time_ns() // 1_000_000
-
-
-def sanitize_diagnostic(value: str) -> str:
-    """The seed's ``safeDiagnostic``: non-printable-ASCII becomes ``?``, cut to 512 characters.
-
-    JavaScript replaces per UTF-16 unit, so a character outside the BMP becomes ``??``.
-    """
-    cleaned = _NOT_PRINTABLE_ASCII.sub(lambda match: "??" if ord(match.group()) > 0xFFFF else "?", value)
-    return cleaned[:MAX_DIAGNOSTIC_CHARS]
 
 
 def is_native_session_id(value: object) -> bool:
@@ -518,7 +509,7 @@ class PlanFailure:
     """A refused plan; ``diagnostic`` is sanitised like the seed's ``safeDiagnostic``."""
 
     code: PlanErrorCode = attrs.field(validator=attrs.validators.in_(PLAN_ERROR_CODES))
-    diagnostic: str = attrs.field(converter=sanitize_diagnostic)
+    diagnostic: str = attrs.field(converter=safe_diagnostic)
     ok: Literal[False] = False
 
     @classmethod

@@ -11,7 +11,7 @@ import attrs
 import pytest
 
 from tmux_owner._cgroup import CgroupInfo
-from tmux_owner._common import dumps
+from tmux_owner._common import dumps, safe_diagnostic
 from tmux_owner._generations import OwnerGenerationBaseline, replace_owner_generation
 from tmux_owner._plan import (
     AttemptCapability,
@@ -333,6 +333,12 @@ def test_plan_failure_diagnostics_are_sanitised_to_printable_ascii_and_512_chara
     """TO-45: non-printable-ASCII becomes `?` (two for a non-BMP character) and the text is cut to 512."""
     assert PlanFailure("scope_unavailable", "a\nb\u00e9\U0001f600").diagnostic == "a?b???"
     assert len(PlanFailure("scope_unavailable", "x" * 600).diagnostic) == 512
+
+
+def test_safe_diagnostic_cuts_after_replacing_like_the_seed() -> None:
+    """TO-45: a lone surrogate is one `?`, and the 512-character cut counts the replaced UTF-16 units."""
+    assert safe_diagnostic("\ud800~\x7f ") == "?~? "
+    assert safe_diagnostic("\U0001f600" * 300) == "?" * 512
 
 
 def test_server_proof_safety_and_identity_compare_structure_and_cgroup() -> None:
