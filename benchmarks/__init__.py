@@ -1,0 +1,1 @@
+"""Dispatch-contention and scale benchmarks of the admission plane (see BENCHMARKS.md)."""

@@ -1,0 +1,250 @@
+"""The floor: the service's six lifecycle transactions, written with the plain ``sqlite3`` module.
+
+Same SQL text (each statement is taken from :mod:`admission_plane._queries`, compiled for
+SQLite exactly as the service compiles it), same order, same parameters, same branches
+on the rows read, same transaction shape (a cursor per transaction, ``BEGIN IMMEDIATE``
+... ``COMMIT``) and the same connection pragmas. What it leaves out is everything that
+is not database work: input validation, payload sealing, the HMACs of the content
+fingerprint and the journal correlation, value objects and SQLAlchemy's pool and
+connection wrappers. The ratio of our path to this floor is therefore the share of a
+turn that goes to the database and the driver; ``tests``-style honesty check:
+:func:`benchmarks.test_floor.test_floor_issues_the_service_statements` compares the two
+statement sequences.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from sqlalchemy.dialects import sqlite
+
+from admission_plane import _queries as q
+from admission_plane._sql import Statement
+from admission_plane.evidence import ConnectorIdentity, ProcessIdentity
+
+_DIALECT = sqlite.dialect()
+PRAGMAS = ("PRAGMA foreign_keys = ON", "PRAGMA journal_mode = WAL", "PRAGMA synchronous = FULL",
+           "PRAGMA busy_timeout = 5000")
+_CORRELATION = "c" * 64
+_FINGERPRINT = "f" * 64
+_NONCE, _TAG = bytes(12), bytes(16)
+
+
+def connect(path: str | os.PathLike[str]) -> sqlite3.Connection:
+    """A connection configured as the service configures its own (see ``admission_plane.db``)."""
+    connection = sqlite3.connect(os.fspath(path), isolation_level=None, check_same_thread=False, timeout=5.0)
+    for pragma in PRAGMAS:
+        connection.execute(pragma)
+    return connection
+
+
+class FloorConnector:
+    """One connector's lifecycle operations on one plain ``sqlite3`` connection.
+
+    ``trace``, when given, receives the SQL text of every statement (as the service's
+    ``Tx`` would run it), for the statement-sequence check.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        connector: ConnectorIdentity,
+        child: ProcessIdentity,
+        trace: Callable[[str], object] | None = None,
+    ) -> None:
+        self.connection = connect(path)
+        self.owner = connector.owner_instance_id
+        process = connector.process
+        self._owner_values = {
+            "owner_instance_id": connector.owner_instance_id, "created_at": connector.created_at,
+            "boot_id": process.boot_id, "pid": process.pid, "start_time_ticks": process.start_time_ticks,
+            "pid_namespace_inode": process.pid_namespace_inode, "ppid": process.ppid, "pgrp": process.pgrp,
+            "session": process.session,
+        }
+        self._identity_tail = (
+            "stdin", connector.owner_instance_id, connector.created_at, process.boot_id, process.pid,
+            process.start_time_ticks, process.pid_namespace_inode, process.ppid, process.pgrp, process.session,
+            child.boot_id, child.pid, child.start_time_ticks, child.pid_namespace_inode, child.ppid, child.pgrp,
+            child.session,
+        )
+        self._trace = trace
+        self._cursor: Any = None
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.connection.close()
+
+    # --- the driver-level twin of ``admission_plane._sql.Tx`` -------------------------------------
+
+    def _begin(self) -> None:
+        self._cursor = self.connection.cursor()
+        self._cursor.execute("BEGIN IMMEDIATE")
+
+    def _commit(self) -> None:
+        self._cursor.close()
+        self.connection.commit()
+
+    def _run(self, statement: Statement, params: Mapping[str, Any] | None = None) -> Any:
+        sql, defaults = statement.compiled(_DIALECT)
+        if defaults:
+            params = {**defaults, **params} if params else defaults
+        if self._trace is not None:
+            self._trace(sql)
+        cursor = self._cursor
+        cursor.execute(sql, params or {})
+        return cursor
+
+    def _one(self, statement: Statement, params: Mapping[str, Any] | None = None) -> Any:
+        return self._run(statement, params).fetchone()
+
+    def _scalar(self, statement: Statement, params: Mapping[str, Any] | None = None) -> Any:
+        row = self._one(statement, params)
+        return None if row is None else row[0]
+
+    def _execute(self, statement: Statement, params: Mapping[str, Any] | None = None) -> int:
+        return self._run(statement, params).rowcount
+
+    def _journal(self, kind: str, from_state: str, to_state: str, now: int) -> None:
+        self._execute(q.INSERT_EVENT, {"kind": kind, "from_state": from_state, "to_state": to_state, "now": now,
+                                       "correlation_hmac": _CORRELATION})
+
+    # --- the six transactions ------------------------------------------------------------------------
+
+    def enqueue(self, request_id: str, agent_id: str, now: int) -> None:
+        """``enqueue_with_payload`` of a new request."""
+        self._begin()
+        assert self._one(q.SELECT_REQUEST_META, {"request_id": request_id}) is None
+        self._execute(q.INSERT_REQUEST, {
+            "request_id": request_id, "session_id": "session-1", "agent_id": agent_id, "fingerprint": "fp-1",
+            "provider": "antigravity", "model": "model-bench", "now": now, "deadline_at": now + 1_800_000,
+        })
+        self._journal("request_enqueued", "absent", "queued", now)
+        assert self._one(q.SELECT_REQUEST_STATE, {"request_id": request_id})[0] == "queued"
+        if self._one(q.SELECT_QUEUED_OWNER, {"owner_instance_id": self.owner}) is None:
+            self._execute(q.INSERT_QUEUED_OWNER, {**self._owner_values, "now": now})
+        assert self._one(q.SELECT_REQUEST_STATE, {"request_id": request_id})[1] is None
+        assert self._execute(q.BIND_QUEUED_OWNER, {"request_id": request_id, "owner_instance_id": self.owner,
+                                                   "now": now}) == 1
+        assert self._scalar(q.SELECT_PAYLOAD_FINGERPRINT, {"request_id": request_id}) is None
+        self._execute(q.INSERT_PAYLOAD, {
+            "request_id": request_id, "nonce": _NONCE, "ciphertext": request_id.encode(), "auth_tag": _TAG,
+            "key_version": 1, "content_fingerprint": _FINGERPRINT, "expires_at": now + 1_800_001, "now": now,
+        })
+        self._commit()
+
+    def admit_next(self, now: int) -> tuple[str, str, int]:
+        """``admit_next``: (lease id, request id, generation)."""
+        self._begin()
+        assert self._run(q.SELECT_EXPIRED, {"now": now}).fetchall() == []
+        assert self._one(q.SELECT_POLICY) is None
+        assert self._scalar(q.COUNT_SEAT_LEASES) < 8
+        assert self._scalar(q.COUNT_START_WINDOW_LEASES) < 8
+        cutoff = {"cutoff": now}
+        assert self._one(q.RECENT_START, cutoff) is None
+        assert self._one(q.RECENT_RESERVATION, cutoff) is None
+        candidate = self._one(q.SELECT_CANDIDATE_IDLE_AGENT, {"now": now}) or self._one(
+            q.SELECT_CANDIDATE_ANY, {"now": now}
+        )
+        request_id, generation = candidate[0], candidate[1] + 1
+        lease_id = str(uuid.uuid4())
+        assert self._execute(q.RESERVE_REQUEST, {"request_id": request_id, "generation": generation}) == 1
+        self._execute(q.INSERT_LEASE, {"lease_id": lease_id, "request_id": request_id, "generation": generation,
+                                       "owner_instance_id": self.owner, "now": now})
+        self._journal("request_admitted", "queued", "admitted", now)
+        self._commit()
+        return lease_id, request_id, generation
+
+    def _lease(self, lease_id: str, generation: int) -> Any:
+        lease = self._one(q.SELECT_LEASE, {"lease_id": lease_id})
+        assert lease is not None
+        assert lease[2] == generation
+        assert lease[3] == self.owner
+        return lease
+
+    def _set_phase(self, lease: Any, phase: str, kind: str, now: int) -> None:
+        fence = {"lease_id": lease[0], "owner_instance_id": lease[3], "generation": lease[2]}
+        assert self._execute(q.SET_LEASE_PHASE, {**fence, "phase": phase, "now": now}) == 1
+        self._execute(q.SET_REQUEST_STATE, {"request_id": lease[1], "state": phase})
+        self._journal(kind, lease[4], phase, now)
+
+    def mark_starting(self, lease_id: str, generation: int, now: int) -> None:
+        """``mark_starting`` (minimum start interval 0)."""
+        self._begin()
+        lease = self._lease(lease_id, generation)
+        assert lease[4] == "admitted"
+        assert self._scalar(q.COUNT_STARTING_LEASES) < 8
+        self._execute(q.DELETE_OLD_STARTS, {"cutoff": now})
+        latest = self._scalar(q.LATEST_START)
+        assert latest is None or now >= latest
+        self._execute(q.INSERT_START, {"lease_id": lease_id, "now": now})
+        self._set_phase(lease, "starting", "request_starting", now)
+        self._commit()
+
+    def commit_dispatch_intent(self, lease_id: str, request_id: str, generation: int, now: int) -> None:
+        """``commit_dispatch_intent`` with the connector's and the child's process identity."""
+        self._begin()
+        lease = self._lease(lease_id, generation)
+        assert self._one(q.SELECT_IDENTITY, {"lease_id": lease_id}) is None
+        assert lease[4] == "starting"
+        fence = {"lease_id": lease_id, "owner_instance_id": self.owner, "generation": generation}
+        assert self._execute(q.LEASE_TO_DISPATCH_INTENT, {**fence, "now": now}) == 1
+        values = (request_id, generation, self.owner, *self._identity_tail)
+        self._execute(q.INSERT_IDENTITY, {"lease_id": lease_id, "now": now,
+                                          **dict(zip(q.IDENTITY_COLUMN_NAMES, values, strict=True))})
+        assert self._execute(q.REQUEST_TO_DISPATCH_INTENT, {"request_id": request_id, "generation": generation}) == 1
+        self._journal("request_dispatch_intent", "starting", "dispatch_intent", now)
+        self._commit()
+
+    def mark_active(self, lease_id: str, generation: int, now: int) -> None:
+        """``mark_active``: the payload is deleted in the same transaction."""
+        self._begin()
+        lease = self._lease(lease_id, generation)
+        assert lease[4] == "dispatch_intent"
+        self._set_phase(lease, "active", "request_active", now)
+        self._execute(q.DELETE_PAYLOAD, {"request_id": lease[1]})
+        self._commit()
+
+    def complete(self, lease_id: str, generation: int, now: int) -> None:
+        """``complete_live_turn`` with outcome ``completed``."""
+        self._begin()
+        lease = self._lease(lease_id, generation)
+        assert lease[4] == "active"
+        request_id = lease[1]
+        assert self._one(q.SELECT_REQUEST_META, {"request_id": request_id}) is not None
+        self._execute(q.SET_REQUEST_TERMINAL, {"request_id": request_id, "state": "provider_terminal", "now": now})
+        self._journal("request_provider_terminal", "active", "provider_terminal", now)
+        self._execute(q.SET_REQUEST_TERMINAL, {"request_id": request_id, "state": "completed", "now": now})
+        self._execute(q.DELETE_PAYLOAD, {"request_id": request_id})
+        fence = {"lease_id": lease_id, "owner_instance_id": self.owner, "generation": generation}
+        assert self._execute(q.DELETE_LEASE, fence) == 1
+        self._journal("request_released", "provider_terminal", "completed", now)
+        assert self._one(q.SELECT_POLICY) is None
+        self._commit()
+
+    def turn(self, request_id: str, now: int) -> None:
+        """One full turn: the six transactions."""
+        self.enqueue(request_id, "agent-0", now)
+        lease_id, admitted, generation = self.admit_next(now + 1)
+        assert admitted == request_id
+        self.mark_starting(lease_id, generation, now + 2)
+        self.commit_dispatch_intent(lease_id, request_id, generation, now + 3)
+        self.mark_active(lease_id, generation, now + 4)
+        self.complete(lease_id, generation, now + 5)
+
+
+def raw_commit(connection: sqlite3.Connection, value: int) -> None:
+    """The smallest durable write transaction: one row into ``probe``."""
+    connection.execute("BEGIN IMMEDIATE")
+    connection.execute("INSERT INTO probe (v) VALUES (?)", (value,))
+    connection.commit()
+
+
+def raw_commit_connection(path: str | os.PathLike[str]) -> sqlite3.Connection:
+    """A connection with the service's pragmas on a fresh file holding only ``probe``."""
+    connection = connect(path)
+    connection.execute("CREATE TABLE IF NOT EXISTS probe (id INTEGER PRIMARY KEY, v INTEGER NOT NULL)")
+    return connection

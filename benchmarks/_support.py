@@ -1,0 +1,185 @@
+"""Shared pieces of the benchmark suite: sizes, the turn driver, databases and the results registry.
+
+Two modes: the full run (``make bench``) and a quick mode (``BENCH_QUICK=1``, used by
+``tests/test_benchmarks_quick.py``) that runs every benchmark once with tiny sizes and
+asserts only correctness. Timings are taken here with :func:`time.perf_counter` in both
+modes, so the summary ratios (``bench-results/ratios.json``) do not depend on
+pytest-benchmark's own statistics, which a disabled run does not produce.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import statistics
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from admission_plane import AdmissionPlane, AdmittedLease, DispatchRecord, LiveTurnCompletion, Policy
+from admission_plane.evidence import ProcessIdentity
+from admission_plane.states import EventKind, RequestState
+
+QUICK = os.environ.get("BENCH_QUICK", "").lower() in {"1", "true", "yes"}
+
+ENCRYPTION_KEY = bytes([1]) * 32
+CONTENT_KEY = bytes([2]) * 32
+#: The lifecycle and depth policy: the 2.2.0 defaults, with no minimum start interval.
+LIFECYCLE_POLICY = Policy(8, 8, 0, 1_800_000, 30_000)
+#: Contention policy: fewer seats than the largest process count, so the seat limit binds at P = 8.
+CONTENTION_POLICY = Policy(4, 4, 0, 1_800_000, 30_000)
+
+#: The original's figures on this machine kind (issue #6): JavaScript, better-sqlite3.
+ORIGINAL_TURNS_PER_S_DISK = 307.0
+ORIGINAL_TURNS_PER_S_TMPFS = 816.0
+
+LIFECYCLE_TURNS = 5 if QUICK else 1500
+FLOOR_TURNS = 5 if QUICK else 1500
+RAW_COMMITS = 20 if QUICK else 3000
+DEPTHS = (100, 1_000, 10_000)
+DEPTH_ROUNDS = 3 if QUICK else 200
+CONTENTION_PROCESSES = (1, 2, 4, 8)
+CONTENTION_SECONDS = 0.5 if QUICK else 5.0
+#: Transactions of one full turn: enqueue, admit, starting, dispatch intent, active, completed.
+TRANSACTIONS_PER_TURN = 6
+OPERATIONS = ("enqueue", "admit", "starting", "dispatch_intent", "active", "completed")
+
+COMPLETED = LiveTurnCompletion("completed")
+
+#: Figures gathered by the benchmarks of one session, read by the summary hook in conftest.
+RESULTS: dict[str, dict[str, Any]] = {}
+
+
+def results_dir() -> Path:
+    """Where ``ratios.json`` goes (``BENCH_RESULTS_DIR``, default ``bench-results``)."""
+    return Path(os.environ.get("BENCH_RESULTS_DIR", "bench-results"))
+
+
+def wall_ms() -> int:
+    """Milliseconds since the epoch (what a connector passes as ``now``)."""
+    return time.time_ns() // 1_000_000
+
+
+def open_plane(path: str | os.PathLike[str], policy: Policy = LIFECYCLE_POLICY) -> AdmissionPlane:
+    """A plane with both keys on an already migrated SQLite file."""
+    return AdmissionPlane(
+        os.fspath(path), policy=policy, encryption_key=ENCRYPTION_KEY, content_fingerprint_key=CONTENT_KEY
+    )
+
+
+def migrated(path: Path) -> Path:
+    """Create the schema (Alembic head) in a fresh SQLite file at ``path``."""
+    from admission_plane.migrate import upgrade
+
+    upgrade(str(path))
+    return path
+
+
+def summary(samples: Iterable[float]) -> dict[str, float]:
+    """Median, mean, min and count of durations in seconds."""
+    values = list(samples)
+    return {
+        "median_s": statistics.median(values),
+        "mean_s": statistics.fmean(values),
+        "min_s": min(values),
+        "count": len(values),
+    }
+
+
+class TurnDriver:
+    """Drives full turns through one plane and times each operation.
+
+    One turn: enqueue with payload -> admit_next -> starting -> dispatch intent with
+    process identity -> active -> completed: six write transactions.
+    """
+
+    def __init__(self, plane: AdmissionPlane, child: ProcessIdentity, prefix: str) -> None:
+        self.plane = plane
+        self.child = child
+        self.prefix = prefix
+        self.owner = plane.owner_identity.owner_instance_id
+        self.count = 0
+        self.now = wall_ms()
+        self.turn_times: list[float] = []
+        self.op_times: dict[str, list[float]] = {name: [] for name in OPERATIONS}
+
+    def turn(self) -> AdmittedLease:
+        """Run one full turn; return its lease (every step is checked)."""
+        plane, clock = self.plane, time.perf_counter
+        self.count += 1
+        self.now += 10
+        now, request_id = self.now, f"{self.prefix}-{self.count}"
+        ops = self.op_times
+        t0 = clock()
+        plane.enqueue_with_payload(
+            request_id=request_id, session_id="session-1", agent_id="agent-0", fingerprint="fp-1",
+            provider="antigravity", model="model-bench", now=now, plaintext=f"prompt {request_id}",
+            expires_at=now + 1_800_001,
+        )
+        t1 = clock()
+        lease = plane.admit_next(now + 1, self.owner)
+        t2 = clock()
+        assert lease is not None
+        assert lease.request_id == request_id, lease
+        plane.mark_starting(lease, now + 2)
+        t3 = clock()
+        record = DispatchRecord(
+            request_id=request_id, lease_id=lease.lease_id, generation=lease.generation,
+            owner_instance_id=self.owner, connector=plane.owner_identity, child=self.child, prompt_channel="stdin",
+        )
+        result = plane.commit_dispatch_intent(record)
+        t4 = clock()
+        assert result.ok, result
+        plane.mark_active(lease, now + 4)
+        t5 = clock()
+        plane.complete_live_turn(lease, now + 5, COMPLETED)
+        t6 = clock()
+        for name, start, end in zip(OPERATIONS, (t0, t1, t2, t3, t4, t5), (t1, t2, t3, t4, t5, t6), strict=True):
+            ops[name].append(end - start)
+        self.turn_times.append(t6 - t0)
+        return lease
+
+    def figures(self) -> dict[str, Any]:
+        """Turns/s (from the median turn and from the total) and per-operation medians in µs."""
+        turns = summary(self.turn_times)
+        return {
+            "turns": turns["count"],
+            "turns_per_s_median": 1.0 / turns["median_s"],
+            "turns_per_s_total": turns["count"] / sum(self.turn_times),
+            "turn_median_us": turns["median_s"] * 1e6,
+            "op_median_us": {name: statistics.median(times) * 1e6 for name, times in self.op_times.items()},
+            "op_mean_us": {name: statistics.fmean(times) * 1e6 for name, times in self.op_times.items()},
+        }
+
+
+def request_states(path: str | os.PathLike[str]) -> dict[str, int]:
+    """How many requests are in each state."""
+    with sqlite3.connect(os.fspath(path)) as connection:
+        rows = connection.execute("SELECT state, count(*) FROM turn_requests GROUP BY state").fetchall()
+    connection.close()
+    return {state: count for state, count in rows}
+
+
+_SEAT_TAKEN = {EventKind.REQUEST_ADMITTED}
+_SEAT_FREED = {EventKind.REQUEST_RELEASED, EventKind.REQUEST_ABANDONED, EventKind.REQUEST_RECOVERY_SEAT_RELEASED}
+
+
+def journal_peaks(path: str | os.PathLike[str]) -> dict[str, int]:
+    """Replay the journal in commit order: the most seat-holding and the most ``active`` leases at once.
+
+    Every write transaction is serialised and the journal's ``event_seq`` follows commit
+    order, so the running counts are the exact numbers any committed state ever held.
+    """
+    with sqlite3.connect(os.fspath(path)) as connection:
+        rows = connection.execute("SELECT kind, from_state, to_state FROM events ORDER BY event_seq").fetchall()
+    connection.close()
+    seats = active = max_seats = max_active = 0
+    for kind, from_state, to_state in rows:
+        if kind in _SEAT_TAKEN:
+            seats += 1
+        elif kind in _SEAT_FREED:
+            seats -= 1
+        active += (to_state == RequestState.ACTIVE) - (from_state == RequestState.ACTIVE)
+        max_seats, max_active = max(max_seats, seats), max(max_active, active)
+    return {"max_seats": max_seats, "max_active": max_active, "final_seats": seats}
