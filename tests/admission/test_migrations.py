@@ -230,3 +230,17 @@ def test_cli_round_trip_keeps_rows(tmp_path: Path) -> None:
         result = run_cli("-x", f"url={database}", *step)
         assert result.returncode == 0, result.stderr
     assert snapshot(database) == expected_rows_after_upgrade(1)
+
+
+def test_engine_without_explicit_begin_is_refused(tmp_path: Path) -> None:
+    """A plain pysqlite engine (implicit transactions, DDL outside them) is refused before any DDL runs."""
+    from sqlalchemy import create_engine
+
+    database = tmp_path / "plain.sqlite"
+    engine = create_engine(f"sqlite:///{database}")
+    try:
+        with pytest.raises(AdmissionMigrationError, match="not inside an explicit transaction"):
+            migrate.upgrade(engine)
+    finally:
+        engine.dispose()
+    assert tables(database) == set()
