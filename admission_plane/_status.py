@@ -1,0 +1,111 @@
+"""A read-only picture of a live plane for operators (``admission-plane status``) and the demo.
+
+One deferred (read-only) transaction, so the numbers are consistent with each other.
+It reads states, counts, times and the cooldowns' provider/model names; never an agent,
+session, request id or payload.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+from sqlalchemy import Engine, case, func, select
+
+from .db import SQLITE_BEGIN_OPTION
+from .model import Cooldown, Event, Lease, PolicyState, TurnPayload, TurnRequest
+from .states import SEAT_PHASES, RequestState
+
+__all__ = ["PlaneStatus", "read_status"]
+
+
+@attrs.frozen
+class PlaneStatus:
+    """Queue, seats, leases, cooldowns and policy at one instant (``now``, epoch milliseconds)."""
+
+    now: int
+    requests_by_state: dict[str, int]
+    queue_depth: int
+    queued_with_payload: int
+    oldest_wait_ms: int | None
+    seats_in_use: int
+    leases_by_phase: dict[str, int]
+    suspects_by_phase: dict[str, int]
+    cooldowns: tuple[tuple[str, str, int], ...]
+    durable_policy: tuple[int, int, int, int, int] | None
+    drain_state: str | None
+    event_count: int
+    last_event_seq: int
+
+    def as_json(self) -> dict[str, Any]:
+        """A JSON-ready mapping (cooldowns as objects with ``remaining_ms``)."""
+        data = attrs.asdict(self)
+        data["cooldowns"] = [
+            {"provider": provider, "model": model, "not_before": not_before, "remaining_ms": not_before - self.now}
+            for provider, model, not_before in self.cooldowns
+        ]
+        if self.durable_policy is not None:
+            names = ("max_active_turns", "max_concurrent_starts", "min_start_interval_ms", "queue_timeout_ms",
+                     "capacity_cooldown_ms")
+            data["durable_policy"] = dict(zip(names, self.durable_policy, strict=True))
+        return data
+
+
+def read_status(engine: Engine, now: int) -> PlaneStatus:
+    """Read the plane's status in one read-only transaction."""
+    seat_phases = [str(phase) for phase in SEAT_PHASES]
+    queued = TurnRequest.state == str(RequestState.QUEUED)
+    with engine.connect() as connection:
+        if engine.dialect.name == "sqlite":
+            connection = connection.execution_options(**{SQLITE_BEGIN_OPTION: "DEFERRED"})
+        with connection.begin():
+            by_state = dict(connection.execute(
+                select(TurnRequest.state, func.count()).group_by(TurnRequest.state)
+            ).all())
+            oldest = connection.execute(select(func.min(TurnRequest.enqueued_at)).where(queued)).scalar()
+            with_payload = connection.execute(
+                select(func.count()).select_from(TurnRequest).join(
+                    TurnPayload, TurnPayload.request_id == TurnRequest.request_id
+                ).where(queued)
+            ).scalar_one()
+            phases = connection.execute(
+                select(
+                    Lease.phase,
+                    func.count(),
+                    func.sum(case((Lease.suspect_since.is_not(None), 1), else_=0)),
+                ).group_by(Lease.phase)
+            ).all()
+            cooldowns = connection.execute(
+                select(Cooldown.provider, Cooldown.model, Cooldown.not_before)
+                .where(Cooldown.not_before > now)
+                .order_by(Cooldown.not_before)
+            ).all()
+            policy = connection.execute(
+                select(
+                    PolicyState.max_active_turns,
+                    PolicyState.max_concurrent_starts,
+                    PolicyState.min_start_interval_ms,
+                    PolicyState.queue_timeout_ms,
+                    PolicyState.capacity_cooldown_ms,
+                    PolicyState.drain_state,
+                )
+            ).first()
+            event_count, last_seq = connection.execute(
+                select(func.count(), func.coalesce(func.max(Event.event_seq), 0))
+            ).one()
+    leases = {str(phase): int(count) for phase, count, _ in phases}
+    return PlaneStatus(
+        now=now,
+        requests_by_state={str(state): int(count) for state, count in sorted(by_state.items())},
+        queue_depth=int(by_state.get(str(RequestState.QUEUED), 0)),
+        queued_with_payload=int(with_payload),
+        oldest_wait_ms=None if oldest is None else max(0, now - int(oldest)),
+        seats_in_use=sum(count for phase, count in leases.items() if phase in seat_phases),
+        leases_by_phase=leases,
+        suspects_by_phase={str(phase): int(suspects or 0) for phase, _, suspects in phases if suspects},
+        cooldowns=tuple((str(p), str(m), int(nb)) for p, m, nb in cooldowns),
+        durable_policy=None if policy is None else tuple(int(value) for value in policy[:5]),  # type: ignore[arg-type]
+        drain_state=None if policy is None else str(policy[5]),
+        event_count=int(event_count),
+        last_event_seq=int(last_seq),
+    )
