@@ -17,9 +17,9 @@ from typing import Any, Literal, Self
 import attrs
 
 from ._cgroup import classify_cgroup
-from ._common import SCHEMA_VERSION, InvalidRecordError, is_safe_path_component, non_empty
+from ._common import SCHEMA_VERSION, InvalidRecordError, is_safe_path_component, is_schema_one, non_empty
 from ._files import GENERATION_LOCK_WAIT_MS, LifecyclePaths, acquire_lock, lifecycle_paths, read_json_record
-from ._generations import OwnerGenerationBaseline, capture_owner_generation_baseline, is_schema_one
+from ._generations import OwnerGenerationBaseline, capture_owner_generation_baseline
 from ._plan import (
     ATTEMPT_LIFETIME_MS,
     AttemptCapability,

@@ -10,7 +10,7 @@ from typing import Any, Literal, Self
 
 import attrs
 
-from ._common import InvalidRecordError, has_only_keys, is_record
+from ._common import InvalidRecordError, has_only_keys, is_record, js_trim
 
 CgroupClassification = Literal["not_applicable", "safe", "unsafe_service", "unverifiable"]
 CLASSIFICATIONS: frozenset[str] = frozenset({"not_applicable", "safe", "unsafe_service", "unverifiable"})
@@ -63,18 +63,6 @@ NOT_APPLICABLE = CgroupInfo("not_applicable")
 
 def _unverifiable(diagnostic: str) -> CgroupInfo:
     return CgroupInfo("unverifiable", diagnostic=diagnostic)
-
-
-# JavaScript's String.prototype.trim set: Python's str.strip() differs (it strips
-# U+001C..U+001F and U+0085, and keeps U+FEFF).
-_JS_WHITESPACE = (
-    "\t\n\v\f\r \u00a0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000\ufeff"
-)
-
-
-def js_trim(value: str) -> str:
-    """JavaScript's ``String.prototype.trim``."""
-    return value.strip(_JS_WHITESPACE)
 
 
 def _is_unrelated_service(component: str) -> bool:

@@ -1,4 +1,5 @@
-"""Shared primitives: the error type, strict JSON, and the seed's value checks.
+"""Shared primitives: the error types, JavaScript string and JSON semantics, the seed's value
+checks, and the attrs field validators every record uses.
 
 Every record in this package is compact JSON, byte-identical to JavaScript's
 ``JSON.stringify``; every check here mirrors one of the seed's predicates.
@@ -13,6 +14,8 @@ import time
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
+
+import attrs
 
 SCHEMA_VERSION = 1
 MAX_SAFE_INTEGER = 2**53 - 1
@@ -44,6 +47,28 @@ class InvalidRecordError(TmuxOwnerError, ValueError):
 
     def __str__(self) -> str:
         return f"invalid_record: {self.record}"
+
+
+def utf8_length(text: str) -> int:
+    """Length in UTF-8 bytes (a lone surrogate counts as its three encoded bytes)."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def js_length(value: str) -> int:
+    """``String.prototype.length``: UTF-16 code units (a non-BMP character counts 2)."""
+    return len(value.encode("utf-16-le")) // 2
+
+
+# JavaScript's String.prototype.trim set: Python's str.strip() differs (it strips
+# U+001C..U+001F and U+0085, and keeps U+FEFF).
+_JS_WHITESPACE = (
+    "\t\n\v\f\r \u00a0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
+
+
+def js_trim(value: str) -> str:
+    """JavaScript's ``String.prototype.trim``."""
+    return value.strip(_JS_WHITESPACE)
 
 
 def dumps(value: Any) -> str:
@@ -120,6 +145,18 @@ def is_safe_integer(value: Any) -> bool:
     return False
 
 
+def js_number(value: Any) -> Any:
+    """Store an integral float as the int JavaScript would have parsed (``12.0`` is ``12``)."""
+    if isinstance(value, float) and value.is_integer() and is_safe_integer(value):
+        return int(value)
+    return value
+
+
+def is_schema_one(value: Any) -> bool:
+    """``value === 1`` in JavaScript: the number one, never ``true``."""
+    return is_safe_integer(value) and value == SCHEMA_VERSION
+
+
 _CANONICAL_UTC = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]{3}))?Z")
 
 
@@ -171,6 +208,29 @@ def is_safe_path_component(value: Any) -> bool:
 
     Refuses empty, ``.``, ``..``, and anything containing ``/`` or NUL.
     """
-    return (
-        isinstance(value, str) and value not in _FORBIDDEN_COMPONENTS and "/" not in value and "\0" not in value
-    )
+    return isinstance(value, str) and value not in _FORBIDDEN_COMPONENTS and "/" not in value and "\0" not in value
+
+
+# --- attrs field validators ------------------------------------------------------------
+
+
+def require(condition: bool, what: str) -> None:
+    """Fail an attrs validator with ``ValueError`` (the record constructors turn it into ``InvalidRecordError``)."""
+    if not condition:
+        raise ValueError(what)
+
+
+def validate_non_empty(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    require(non_empty(value), f"{attribute.name} must be a non-empty string")
+
+
+def validate_canonical_timestamp(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    require(is_canonical_utc_timestamp(value), f"{attribute.name} must be a canonical UTC timestamp")
+
+
+def validate_schema_one(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    require(is_schema_one(value), f"{attribute.name} must be 1")
+
+
+def validate_path_component(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    require(is_safe_path_component(value), f"{attribute.name} must be a safe path component")

@@ -22,12 +22,15 @@ from ._common import (
     TmuxOwnerError,
     dumps,
     has_exact_keys,
-    is_canonical_utc_timestamp,
     is_record,
-    is_safe_integer,
-    is_safe_path_component,
+    is_schema_one,
     iso_now,
-    non_empty,
+    js_number,
+    require,
+    validate_canonical_timestamp,
+    validate_non_empty,
+    validate_path_component,
+    validate_schema_one,
 )
 from ._files import (
     GENERATION_LOCK_WAIT_MS,
@@ -41,40 +44,6 @@ from ._files import (
 
 GENERATION_KEYS = ("schema_version", "generation", "session_id", "published_at")
 _CURRENT_BASELINE_KEYS = ("state", *GENERATION_KEYS)
-
-
-def js_number(value: Any) -> Any:
-    """Store an integral float as the int JavaScript would have parsed (``12.0`` is ``12``)."""
-    if isinstance(value, float) and value.is_integer() and is_safe_integer(value):
-        return int(value)
-    return value
-
-
-def is_schema_one(value: Any) -> bool:
-    """``value === 1`` in JavaScript: the number one, never ``true``."""
-    return is_safe_integer(value) and value == SCHEMA_VERSION
-
-
-def require(condition: bool, what: str) -> None:
-    """Fail an attrs validator with ``ValueError`` (the record constructors turn it into ``InvalidRecordError``)."""
-    if not condition:
-        raise ValueError(what)
-
-
-def validate_non_empty(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    require(non_empty(value), f"{attribute.name} must be a non-empty string")
-
-
-def validate_canonical_timestamp(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    require(is_canonical_utc_timestamp(value), f"{attribute.name} must be a canonical UTC timestamp")
-
-
-def validate_schema_one(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    require(is_schema_one(value), f"{attribute.name} must be 1")
-
-
-def validate_path_component(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    require(is_safe_path_component(value), f"{attribute.name} must be a safe path component")
 
 
 @attrs.frozen

@@ -14,15 +14,19 @@ from typing import Any, Final, Literal, Self
 
 import attrs
 
-from ._common import SCHEMA_VERSION, InvalidRecordError, TmuxOwnerError, has_exact_keys, is_record
-from ._files import ensure_directory, exists_no_follow, lifecycle_paths, publish_exclusive
-from ._generations import (
+from ._common import (
+    SCHEMA_VERSION,
+    InvalidRecordError,
+    TmuxOwnerError,
+    has_exact_keys,
+    is_record,
     js_number,
     require,
     validate_non_empty,
     validate_path_component,
     validate_schema_one,
 )
+from ._files import ensure_directory, exists_no_follow, lifecycle_paths, publish_exclusive
 
 EXPECTED_TERMINAL_RESULT: Final = "owner_term_then_session_cleanup"
 EXPECTED_TERMINAL: Final = {"signal": "SIGTERM", "result": EXPECTED_TERMINAL_RESULT}

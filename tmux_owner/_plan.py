@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol, Self
 
 import attrs
 
-from ._cgroup import CgroupInfo, classify_cgroup, js_trim
+from ._cgroup import CgroupInfo, classify_cgroup
 from ._common import (
     MAX_DIAGNOSTIC_CHARS,
     MAX_LINE_BYTES,
@@ -30,13 +30,15 @@ from ._common import (
     is_record,
     is_safe_integer,
     is_safe_path_component,
+    is_schema_one,
     iso_now,
+    js_trim,
     loads,
     non_empty,
     safe_diagnostic,
 )
 from ._files import ensure_directory, lifecycle_paths, publish_exclusive
-from ._generations import OwnerGenerationBaseline, is_owner_generation_baseline_current, is_schema_one
+from ._generations import OwnerGenerationBaseline, is_owner_generation_baseline_current
 from ._procstat import read_linux_proc_start_time
 
 ServerState = Literal["absent", "safe", "unsafe", "unverifiable"]

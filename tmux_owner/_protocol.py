@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from ._bootstrap import BootstrapDependencies, BootstrapRequest, bootstrap_owner_isolation, real_bootstrap_dependencies
-from ._common import MAX_LINE_BYTES, SCHEMA_VERSION, dumps, loads
+from ._common import MAX_LINE_BYTES, SCHEMA_VERSION, dumps, loads, utf8_length
 from ._generations import PublishGenerationRequest, publish_owner_generation
 from ._plan import OwnerIsolationProbe, PlanRequest, TmuxProbe, plan_owner_isolation
 from ._verdicts import ObserveTerminalRequest, observe_owner_terminal
@@ -29,11 +29,6 @@ RESPONSE_TOO_LARGE = {
     "code": "scope_unavailable",
     "diagnostic": "response_too_large",
 }
-
-
-def utf8_length(text: str) -> int:
-    """Length in UTF-8 bytes (a lone surrogate counts as its three encoded bytes)."""
-    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def parse_request(line: str) -> Request | None:

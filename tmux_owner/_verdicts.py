@@ -27,7 +27,15 @@ from ._common import (
     has_only_keys,
     is_record,
     is_safe_integer,
+    is_schema_one,
+    js_length,
+    js_number,
     non_empty,
+    require,
+    validate_canonical_timestamp,
+    validate_non_empty,
+    validate_path_component,
+    validate_schema_one,
 )
 from ._files import (
     VERDICT_LOCK_WAIT_MS,
@@ -38,16 +46,7 @@ from ._files import (
     publish_exclusive,
     read_json_record,
 )
-from ._generations import (
-    is_current_owner_generation,
-    is_schema_one,
-    js_number,
-    require,
-    validate_canonical_timestamp,
-    validate_non_empty,
-    validate_path_component,
-    validate_schema_one,
-)
+from ._generations import is_current_owner_generation
 from ._intents import EXPECTED_TERMINAL_RESULT, OwnerIntent, parse_timestamp_ms
 
 TerminalSignal = Literal["SIGTERM", "SIGHUP", "SIGINT", "SIGKILL", "EXIT", "MANUAL", "UNKNOWN"]
@@ -73,11 +72,6 @@ ALLOWED_REASONS: Final = frozenset(
     }
 )
 MAX_LABEL_LENGTH = 64
-
-
-def js_length(value: str) -> int:
-    """``String.prototype.length``: UTF-16 code units (a non-BMP character counts 2)."""
-    return len(value.encode("utf-16-le")) // 2
 
 
 def _short_label(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
