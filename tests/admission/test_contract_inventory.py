@@ -1,0 +1,227 @@
+"""Recovery inventory: shape, order and fail-closed validation of durable rows (AC-88..AC-90)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import pytest
+from _contract_helpers import activate, admit, dispatch_record, enqueue, lease_in_phase
+from _dump import exactly, execute
+from fake_proc import OWNER_B, connector
+
+from admission_plane import (
+    AdmissionPlane,
+    DispatchProcessIdentity,
+    RecoverableDispatch,
+    RecoverableDispatchInventoryError,
+    RecoverableQueuedOwner,
+)
+
+INVALID_ROW = exactly("recoverable dispatch inventory contains an invalid durable row")
+
+
+# --- AC-88 listRecoverableDispatches shape and order -----------------------------------------------------
+
+
+def test_recoverable_dispatch_lists_fence_phase_heartbeat_and_process_identity(plane: AdmissionPlane) -> None:
+    """AC-88: one entry per lease with request metadata, fence, phase, heartbeat and the recorded identity."""
+    lease = lease_in_phase(plane, "starting", now=100)
+    record = dispatch_record(plane, lease, prompt_channel="pty")
+    plane.commit_dispatch_intent(record)
+    plane.mark_active(lease, 900)
+    assert plane.list_recoverable_dispatches() == (
+        RecoverableDispatch(
+            request_id="r1",
+            session_id="session-1",
+            provider="antigravity",
+            model="model-test",
+            fence=lease.fence,
+            phase="active",
+            heartbeat_at=900,
+            process_identity=DispatchProcessIdentity(
+                prompt_channel="pty", connector=plane.owner_identity, child=record.child
+            ),
+        ),
+    )
+
+
+def test_recoverable_dispatch_carries_no_payload_fingerprint_or_agent(plane: AdmissionPlane) -> None:
+    """AC-88: the inventory exposes no prompt, content fingerprint or agent id."""
+    lease_in_phase(plane, "active", now=100)
+    (entry,) = plane.list_recoverable_dispatches()
+    fields = set(attrs.fields_dict(type(entry)))
+    assert not fields & {"agent_id", "fingerprint", "payload", "plaintext", "content_fingerprint"}
+    assert "prompt for r1" not in repr(entry)
+
+
+def test_lease_without_recorded_identity_is_listed_with_null_identity(plane: AdmissionPlane) -> None:
+    """AC-88: a lease that reached dispatch_intent without evidence is listed with process_identity None."""
+    lease_in_phase(plane, "dispatch_intent", now=100, identity=False)
+    (entry,) = plane.list_recoverable_dispatches()
+    assert (entry.phase, entry.process_identity) == ("dispatch_intent", None)
+
+
+def test_leaseless_requests_are_not_recoverable_dispatches(plane: AdmissionPlane) -> None:
+    """AC-88: queued and terminal requests hold no lease and are absent from the inventory."""
+    lease = lease_in_phase(plane, "active", now=100)
+    plane.release_exited_recovery_seat(lease, 500)
+    enqueue(plane, "r-queued", now=600)
+    assert plane.list_recoverable_dispatches() == ()
+
+
+def test_recoverable_dispatches_are_ordered_by_enqueue_time_then_request_id(plane: AdmissionPlane) -> None:
+    """AC-88: order is enqueued_at then request_id, not admission order."""
+    enqueue(plane, "r-0", now=900, model="model-cool")
+    enqueue(plane, "r-2", now=1_000)
+    enqueue(plane, "r-1", now=1_000)
+    plane.set_capacity_cooldown("antigravity", "model-cool", 5_000, 950)
+    admitted = []
+    for now in (1_001, 2_001, 5_001):
+        lease = admit(plane, now)
+        activate(plane, lease, now)
+        admitted.append(lease.request_id)
+    assert admitted == ["r-1", "r-2", "r-0"]
+    assert [entry.request_id for entry in plane.list_recoverable_dispatches()] == ["r-0", "r-1", "r-2"]
+
+
+def test_inventory_is_readable_by_a_fresh_plane(
+    plane: AdmissionPlane, make_plane: Callable[..., AdmissionPlane]
+) -> None:
+    """AC-88: another plane opened later on the same database lists the same dispatches."""
+    lease_in_phase(plane, "active", now=100)
+    listed = plane.list_recoverable_dispatches()
+    plane.close()
+    assert make_plane().list_recoverable_dispatches() == listed
+
+
+# --- AC-89 corruption fails the whole listing -----------------------------------------------------------
+
+IDENTITY = "lease_process_identities"
+CORRUPTIONS: dict[str, tuple[str, ...]] = {
+    "child pid 0": (f"UPDATE {IDENTITY} SET child_pid = 0",),
+    "connector pid above 2^31-1": (f"UPDATE {IDENTITY} SET connector_pid = 2147483648",),
+    "child start ticks 0": (f"UPDATE {IDENTITY} SET child_start_time_ticks = '0'",),
+    "child start ticks as a blob": (f"UPDATE {IDENTITY} SET child_start_time_ticks = CAST('12345' AS BLOB)",),
+    "uppercase connector boot id": (f"UPDATE {IDENTITY} SET connector_boot_id = upper(connector_boot_id)",),
+    "non-canonical created at": (f"UPDATE {IDENTITY} SET connector_created_at = '2023-11-14T22:13:20Z'",),
+    "prompt channel file": (f"UPDATE {IDENTITY} SET prompt_channel = 'file'",),
+    "identity owner mismatch": (f"UPDATE {IDENTITY} SET owner_instance_id = 'someone-else'",),
+    "identity generation mismatch": (f"UPDATE {IDENTITY} SET lease_generation = lease_generation + 1",),
+    "identity request mismatch": (f"UPDATE {IDENTITY} SET request_id = 'r-other'",),
+    "connector owner differs from the lease owner": (
+        f"UPDATE {IDENTITY} SET connector_owner_instance_id = '{OWNER_B}'",
+    ),
+    "request generation mismatch": ("UPDATE turn_requests SET lease_generation = lease_generation + 1",),
+    "lease phase differs from request state": ("UPDATE turn_requests SET state = 'active'",),
+    "terminal lease phase": ("UPDATE leases SET phase = 'completed'", "UPDATE turn_requests SET state = 'completed'"),
+    "unknown lease phase": ("UPDATE leases SET phase = 'paused'", "UPDATE turn_requests SET state = 'paused'"),
+    "identity while admitted": ("UPDATE leases SET phase = 'admitted'", "UPDATE turn_requests SET state = 'admitted'"),
+    "identity while starting": ("UPDATE leases SET phase = 'starting'", "UPDATE turn_requests SET state = 'starting'"),
+    "negative heartbeat": ("UPDATE leases SET heartbeat_at = -1",),
+    "text heartbeat": ("UPDATE leases SET heartbeat_at = 'soon'",),
+    "negative enqueue time": ("UPDATE turn_requests SET enqueued_at = -5",),
+    "multi-line session id": ("UPDATE turn_requests SET session_id = 'session' || char(10) || '1'",),
+    "zero generation everywhere": (
+        "UPDATE leases SET generation = 0",
+        "UPDATE turn_requests SET lease_generation = 0",
+        f"UPDATE {IDENTITY} SET lease_generation = 0",
+    ),
+    "lease without its request": ("DELETE FROM turn_payloads", "DELETE FROM turn_requests"),
+    "partial identity": (
+        f"CREATE TABLE loose AS SELECT * FROM {IDENTITY}",
+        f"DROP TABLE {IDENTITY}",
+        f"ALTER TABLE loose RENAME TO {IDENTITY}",
+        f"UPDATE {IDENTITY} SET child_session = NULL",
+    ),
+}
+
+
+@pytest.mark.parametrize("corruption", CORRUPTIONS)
+def test_corrupt_durable_row_fails_the_whole_listing(
+    plane: AdmissionPlane, database_url: str, corruption: str
+) -> None:
+    """AC-89: any untrustworthy lease, request or identity row makes the listing raise, naming nothing."""
+    lease_in_phase(plane, "dispatch_intent", now=100)
+    execute(database_url, *CORRUPTIONS[corruption], foreign_keys=False)
+    with pytest.raises(RecoverableDispatchInventoryError, match=INVALID_ROW):
+        plane.list_recoverable_dispatches()
+
+
+@pytest.mark.parametrize(
+    "statement",
+    ["UPDATE leases SET owner_instance_id = ' padded'", "UPDATE leases SET lease_id = ''"],
+    ids=["padded lease owner", "empty lease id"],
+)
+def test_invalid_identifier_on_a_lease_without_identity_fails_the_listing(
+    plane: AdmissionPlane, database_url: str, statement: str
+) -> None:
+    """AC-89: invalid identifiers fail the listing even when no identity row is joined."""
+    lease_in_phase(plane, "dispatch_intent", now=100, identity=False)
+    execute(database_url, statement, foreign_keys=False)
+    with pytest.raises(RecoverableDispatchInventoryError, match=INVALID_ROW):
+        plane.list_recoverable_dispatches()
+
+
+def test_one_corrupt_row_hides_every_valid_row(plane: AdmissionPlane, database_url: str) -> None:
+    """AC-89: the listing is all or nothing: a corrupt second lease fails it though the first is valid."""
+    activate(plane, lease_in_phase(plane, "admitted", request_id="r-good", now=100), 200)
+    lease_in_phase(plane, "dispatch_intent", request_id="r-bad", now=300)
+    execute(database_url, "UPDATE lease_process_identities SET child_pid = 0 WHERE request_id = 'r-bad'")
+    with pytest.raises(RecoverableDispatchInventoryError):
+        plane.list_recoverable_dispatches()
+
+
+# --- AC-90 listRecoverableQueuedOwners ------------------------------------------------------------------
+
+
+def test_queued_owners_list_each_bound_queued_request_with_its_owner(plane: AdmissionPlane) -> None:
+    """AC-90: each queued request with a binding is listed with the full owner identity, oldest first."""
+    other = connector(4_321, owner=OWNER_B)
+    enqueue(plane, "r-2", now=2_000)
+    enqueue(plane, "r-1", now=2_000, owner_identity=other)
+    enqueue(plane, "r-0", now=1_000)
+    assert plane.list_recoverable_queued_owners() == (
+        RecoverableQueuedOwner("r-0", plane.owner_identity),
+        RecoverableQueuedOwner("r-1", other),
+        RecoverableQueuedOwner("r-2", plane.owner_identity),
+    )
+
+
+def test_queued_owners_skip_requests_that_are_no_longer_queued(plane: AdmissionPlane) -> None:
+    """AC-90: admitted and cancelled requests are not queued owners any more."""
+    lease_in_phase(plane, "admitted", request_id="r-admitted", now=100)
+    enqueue(plane, "r-cancelled", now=200)
+    plane.cancel_queued("r-cancelled", 300)
+    enqueue(plane, "r-queued", now=400)
+    assert [entry.request_id for entry in plane.list_recoverable_queued_owners()] == ["r-queued"]
+
+
+def test_queued_request_without_a_binding_is_not_listed(plane: AdmissionPlane, database_url: str) -> None:
+    """AC-90: a queued request with no owner binding (e.g. written by an older connector) is absent."""
+    enqueue(plane, "r1", now=100)
+    execute(database_url, "UPDATE turn_requests SET queued_owner_instance_id = NULL, queued_owner_recorded_at = NULL")
+    assert plane.list_recoverable_queued_owners() == ()
+
+
+OWNER_CORRUPTIONS: dict[str, tuple[str, ...]] = {
+    "pid 0": ("UPDATE queued_owner_instances SET pid = 0",),
+    "all-zero boot id": ("UPDATE queued_owner_instances SET boot_id = '00000000-0000-0000-0000-000000000000'",),
+    "created at with offset": ("UPDATE queued_owner_instances SET created_at = '2023-11-14T22:13:20.000+00:00'",),
+    "start ticks with leading zero": ("UPDATE queued_owner_instances SET start_time_ticks = '0' || start_time_ticks",),
+    "non-UUID owner": (
+        "UPDATE queued_owner_instances SET owner_instance_id = 'owner-1'",
+        "UPDATE turn_requests SET queued_owner_instance_id = 'owner-1'",
+    ),
+}
+
+
+@pytest.mark.parametrize("corruption", OWNER_CORRUPTIONS)
+def test_corrupt_queued_owner_row_fails_the_listing(
+    plane: AdmissionPlane, database_url: str, corruption: str
+) -> None:
+    """AC-90: an owner row that is not a valid connector identity raises RecoverableDispatchInventoryError."""
+    enqueue(plane, "r1", now=100)
+    execute(database_url, *OWNER_CORRUPTIONS[corruption], foreign_keys=False)
+    with pytest.raises(RecoverableDispatchInventoryError, match=INVALID_ROW):
+        plane.list_recoverable_queued_owners()
