@@ -1,0 +1,130 @@
+"""Settling the queued requests of a dead owner (AC-77)."""
+
+from __future__ import annotations
+
+import pytest
+from _contract_helpers import enqueue, lease_in_phase
+from _dump import count, events, exactly, execute, rows, table_dump
+from fake_proc import OWNER_B, connector
+
+from admission_plane import AdmissionPlane, AdmissionStateError, InvalidInputError
+
+DEAD = connector(4_321, owner=OWNER_B)
+
+
+@pytest.fixture
+def queued(plane: AdmissionPlane) -> AdmissionPlane:
+    """A plane with r1 queued by the (soon dead) owner DEAD at 100."""
+    enqueue(plane, "r1", now=100, owner_identity=DEAD)
+    return plane
+
+
+def test_settle_cancels_the_queued_request_of_its_dead_owner(queued: AdmissionPlane, database_url: str) -> None:
+    """AC-77: settling returns true, cancels the request at now and deletes its payload."""
+    assert queued.settle_queued_owner_death("r1", OWNER_B, 5_000) is True
+    assert rows(database_url, "SELECT state, terminal_at FROM turn_requests") == [("cancelled", 5_000)]
+    assert count(database_url, "turn_payloads") == 0
+
+
+def test_settle_journals_one_queued_owner_dead_event(queued: AdmissionPlane, database_url: str) -> None:
+    """AC-77: exactly one queued_owner_dead(queued→cancelled) event at now."""
+    queued.settle_queued_owner_death("r1", OWNER_B, 5_000)
+    assert rows(database_url, "SELECT kind, from_state, to_state, occurred_at FROM events WHERE kind != "
+                              "'request_enqueued'") == [("queued_owner_dead", "queued", "cancelled", 5_000)]
+
+
+def test_settle_keeps_the_owner_binding_and_the_owner_row(queued: AdmissionPlane, database_url: str) -> None:
+    """AC-77: the binding columns and the queued owner row survive the settlement."""
+    binding = rows(database_url, "SELECT queued_owner_instance_id, queued_owner_recorded_at FROM turn_requests")
+    owners = rows(database_url, "SELECT * FROM queued_owner_instances")
+    queued.settle_queued_owner_death("r1", OWNER_B, 5_000)
+    assert binding == [(OWNER_B, 100)]
+    assert rows(database_url, "SELECT queued_owner_instance_id, queued_owner_recorded_at FROM turn_requests") == binding
+    assert rows(database_url, "SELECT * FROM queued_owner_instances") == owners
+
+
+def test_second_settlement_returns_false_and_writes_nothing(queued: AdmissionPlane, database_url: str) -> None:
+    """AC-77: settling an already settled request is false with no second event."""
+    queued.settle_queued_owner_death("r1", OWNER_B, 5_000)
+    before = table_dump(database_url)
+    assert queued.settle_queued_owner_death("r1", OWNER_B, 6_000) is False
+    assert table_dump(database_url) == before
+
+
+def test_settlement_for_another_owner_returns_false(queued: AdmissionPlane, database_url: str) -> None:
+    """AC-77: an owner that did not enqueue the request cannot settle it."""
+    before = table_dump(database_url)
+    assert queued.settle_queued_owner_death("r1", queued.owner_identity.owner_instance_id, 5_000) is False
+    assert table_dump(database_url) == before
+
+
+def test_settlement_of_an_unknown_request_returns_false(queued: AdmissionPlane, database_url: str) -> None:
+    """AC-77: a request id that does not exist settles nothing."""
+    before = table_dump(database_url)
+    assert queued.settle_queued_owner_death("r-missing", OWNER_B, 5_000) is False
+    assert table_dump(database_url) == before
+
+
+def test_settlement_of_an_admitted_request_returns_false(plane: AdmissionPlane, database_url: str) -> None:
+    """AC-77: once admitted the request is no longer queued and its owner's death settles nothing."""
+    lease_in_phase(plane, "admitted", now=100)
+    owner = plane.owner_identity.owner_instance_id
+    before = table_dump(database_url)
+    assert plane.settle_queued_owner_death("r1", owner, 5_000) is False
+    assert table_dump(database_url) == before
+
+
+def test_settlement_of_a_cancelled_request_returns_false(queued: AdmissionPlane, database_url: str) -> None:
+    """AC-77: a request already cancelled by its owner is not settled again."""
+    queued.cancel_queued("r1", 200)
+    before = table_dump(database_url)
+    assert queued.settle_queued_owner_death("r1", OWNER_B, 5_000) is False
+    assert table_dump(database_url) == before
+
+
+def test_settlement_returns_false_while_any_lease_exists(plane: AdmissionPlane, database_url: str) -> None:
+    """AC-77: a queued-looking request that still has a lease row is never settled."""
+    lease_in_phase(plane, "admitted", now=100)
+    execute(database_url, "UPDATE turn_requests SET state = 'queued'")
+    before = table_dump(database_url)
+    assert plane.settle_queued_owner_death("r1", plane.owner_identity.owner_instance_id, 5_000) is False
+    assert table_dump(database_url) == before
+
+
+def test_dead_owners_request_stops_blocking_the_queue_head(queued: AdmissionPlane) -> None:
+    """AC-77: after settlement the next request is admitted and the dead owner's prompt is never read."""
+    enqueue(queued, "r2", agent_id="agent-b", now=200)
+    queued.settle_queued_owner_death("r1", OWNER_B, 5_000)
+    admitted = queued.admit_next(5_001, queued.owner_identity.owner_instance_id)
+    assert admitted is not None
+    assert admitted.request_id == "r2"
+    with pytest.raises(AdmissionStateError, match=exactly("no payload is available")):
+        queued.read_payload("r1", 5_002)
+
+
+def test_settled_request_leaves_the_queued_owner_inventory(queued: AdmissionPlane) -> None:
+    """AC-77: a settled request is no longer listed among queued owners."""
+    queued.settle_queued_owner_death("r1", OWNER_B, 5_000)
+    assert queued.list_recoverable_queued_owners() == ()
+
+
+@pytest.mark.parametrize(
+    ("request_id", "owner", "now", "message"),
+    [
+        ("", OWNER_B, 5_000, "queued owner request ID must be a non-empty single-line identifier"),
+        ("r1\n", OWNER_B, 5_000, "queued owner request ID must be a non-empty single-line identifier"),
+        ("r1", " padded", 5_000, "queued owner instance ID must be a non-empty single-line identifier"),
+        ("r1", None, 5_000, "queued owner instance ID must be a non-empty single-line identifier"),
+        ("r1", OWNER_B, -1, "queued owner death timestamp must be a non-negative safe integer"),
+        ("r1", OWNER_B, True, "queued owner death timestamp must be a non-negative safe integer"),
+    ],
+)
+def test_settlement_arguments_are_validated_before_any_write(
+    queued: AdmissionPlane, database_url: str, request_id: object, owner: object, now: object, message: str
+) -> None:
+    """AC-77: invalid request id, owner id or time is refused with the seed's message, nothing written."""
+    before = table_dump(database_url)
+    with pytest.raises(InvalidInputError, match=exactly(message)):
+        queued.settle_queued_owner_death(request_id, owner, now)  # type: ignore[arg-type]
+    assert table_dump(database_url) == before
+    assert events(database_url) == [("request_enqueued", "absent", "queued")]
