@@ -17,7 +17,15 @@ from typing import Any, Literal, Self
 import attrs
 
 from ._cgroup import classify_cgroup
-from ._common import SCHEMA_VERSION, InvalidRecordError, is_safe_path_component, is_schema_one, non_empty
+from ._common import (
+    SCHEMA_VERSION,
+    InvalidRecordError,
+    current_ms,
+    is_safe_path_component,
+    is_schema_one,
+    non_empty,
+    parse_js_date_ms,
+)
 from ._files import GENERATION_LOCK_WAIT_MS, LifecyclePaths, acquire_lock, lifecycle_paths, read_json_record
 from ._generations import OwnerGenerationBaseline, capture_owner_generation_baseline
 from ._plan import (
@@ -27,12 +35,10 @@ from ._plan import (
     SpawnResult,
     TmuxProbe,
     TmuxServerProof,
-    current_ms,
     is_exact_scoped_bootstrap_success_receipt,
     is_native_session_id,
     is_safe_server_proof,
     is_valid_argv,
-    parse_js_date_ms,
     read_proc_cgroup,
     run_argv,
     tmux_attempt_session,

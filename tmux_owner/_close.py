@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 import attrs
 
-from ._common import TmuxOwnerError, is_safe_integer, validate_non_empty
+from ._common import TmuxOwnerError, is_safe_integer, parse_timestamp_ms, validate_non_empty
 from ._files import GENERATION_LOCK_WAIT_MS, acquire_lock, lifecycle_paths, read_json_record
 from ._generations import is_current_owner_generation
-from ._intents import create_owner_intent, parse_timestamp_ms
+from ._intents import create_owner_intent
 from ._procstat import read_linux_proc_start_time
 from ._verdicts import EXPECTED, OwnerVerdict
 

@@ -8,7 +8,6 @@ intent can be created for that generation (``owner_intent_replay``).
 from __future__ import annotations
 
 import os
-import re
 import uuid
 from typing import Any, Final, Literal, Self
 
@@ -21,6 +20,7 @@ from ._common import (
     has_exact_keys,
     is_record,
     js_number,
+    parse_timestamp_ms,
     require,
     validate_non_empty,
     validate_path_component,
@@ -44,61 +44,6 @@ _INTENT_KEYS = (
     "created_at",
     "expires_at",
 )
-
-_ISO_DATE = re.compile(
-    r"(?P<year>[0-9]{4})(?:-(?P<month>[0-9]{2})(?:-(?P<day>[0-9]{2}))?)?"
-    r"(?:T(?P<hour>[0-9]{2}):(?P<minute>[0-9]{2})(?::(?P<second>[0-9]{2})(?:\.(?P<fraction>[0-9]+))?)?"
-    r"(?P<zone>Z|[+-][0-9]{2}:[0-9]{2}))?"
-)
-
-
-def _days_from_civil(year: int, month: int, day: int) -> int:
-    # Howard Hinnant's algorithm: proleptic Gregorian, valid for year 0 (which datetime cannot hold).
-    year -= month <= 2
-    era = year // 400
-    year_of_era = year - era * 400
-    day_of_year = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
-    day_of_era = year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year
-    return era * 146097 + day_of_era - 719468
-
-
-def _days_in_month(year: int, month: int) -> int:
-    if month == 2:
-        return 29 if year % 4 == 0 and (year % 100 != 0 or year % 400 == 0) else 28
-    return 30 if month in (4, 6, 9, 11) else 31
-
-
-def parse_timestamp_ms(value: Any) -> int | None:
-    """Milliseconds since the epoch of an ISO-8601 UTC-or-offset timestamp, as ``Date.parse`` reads it.
-
-    Accepts every canonical timestamp, date-only forms (UTC), and ``Z``/``+HH:MM``
-    offsets. Deliberately stricter than JavaScript: out-of-range fields (``02-29`` in
-    a common year, ``T24:00``) and zone-less date-times (local time in JS) are
-    refused instead of rolled over or localised. ``None`` means unparseable.
-    """
-    if not isinstance(value, str):
-        return None
-    match = _ISO_DATE.fullmatch(value)
-    if match is None:
-        return None
-    year = int(match["year"])
-    month = int(match["month"] or 1)
-    day = int(match["day"] or 1)
-    hour, minute, second = int(match["hour"] or 0), int(match["minute"] or 0), int(match["second"] or 0)
-    if not 1 <= month <= 12 or not 1 <= day <= _days_in_month(year, month):
-        return None
-    if hour > 23 or minute > 59 or second > 59:
-        return None
-    millis = int((match["fraction"] or "0")[:3].ljust(3, "0"))
-    offset_minutes = 0
-    zone = match["zone"]
-    if zone not in (None, "Z"):
-        zone_hours, zone_minutes = int(zone[1:3]), int(zone[4:6])
-        if zone_hours > 23 or zone_minutes > 59:
-            return None
-        offset_minutes = (zone_hours * 60 + zone_minutes) * (1 if zone[0] == "+" else -1)
-    seconds = _days_from_civil(year, month, day) * 86400 + hour * 3600 + minute * 60 + second - offset_minutes * 60
-    return seconds * 1000 + millis
 
 
 def _parsable_timestamp(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:

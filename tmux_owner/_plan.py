@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,8 +24,10 @@ from ._common import (
     MAX_LINE_BYTES,
     SCHEMA_VERSION,
     InvalidRecordError,
+    current_ms,
     dumps,
     has_only_keys,
+    is_js_date,
     is_record,
     is_safe_integer,
     is_safe_path_component,
@@ -55,11 +56,6 @@ PLATFORMS: frozenset[str] = frozenset(
 ATTEMPT_LIFETIME_MS = 7_000
 CLI_FLAG = "--internal-tmux-owner-isolation"
 _NATIVE_SESSION_ID = re.compile(r"\$[0-9]+")
-
-
-def current_ms() -> int:
-    """Milliseconds since the epoch, like JavaScript's ``Date.now()``."""
-    return time.time_ns() // 1_000_000
 
 
 def is_native_session_id(value: object) -> bool:
@@ -275,59 +271,6 @@ class PlanRequest:
             "tmux_argv": list(self.tmux_argv),
             "baseline": self.baseline.to_json(),
         }
-
-
-def is_js_date(value: object) -> bool:
-    """``Number.isFinite(Date.parse(value))`` for the ECMAScript date-time string format."""
-    return parse_js_date_ms(value) is not None
-
-
-_ES_DATE = re.compile(
-    r"([+-][0-9]{6}|[0-9]{4})(?:-([0-9]{2})(?:-([0-9]{2}))?)?"
-    r"(?:T([0-9]{2}):([0-9]{2})(?::([0-9]{2})(?:\.([0-9]+))?)?(Z|[+-][0-9]{2}:[0-9]{2})?)?"
-)
-
-
-def parse_js_date_ms(value: object) -> int | None:
-    """Milliseconds of an ECMAScript date-time string (``YYYY[-MM[-DD]][THH:mm[:ss[.sss]]][Z|±HH:mm]``).
-
-    Deliberately narrower than V8's ``Date.parse``, which also guesses at free-form
-    dates: anything outside the ISO form is refused. A missing offset is read as UTC.
-    """
-    if not isinstance(value, str):
-        return None
-    match = _ES_DATE.fullmatch(value)
-    if match is None:
-        return None
-    year_text, month, day, hour, minute, second, fraction, offset = match.groups()
-    if year_text == "-000000":
-        return None
-    year = int(year_text)
-    month_n, day_n = int(month or 1), int(day or 1)
-    hour_n, minute_n, second_n = int(hour or 0), int(minute or 0), int(second or 0)
-    if not (1 <= month_n <= 12 and 1 <= day_n <= 31 and minute_n <= 59 and second_n <= 59):
-        return None
-    if hour_n > 24 or (hour_n == 24 and (minute_n or second_n or int(fraction or 0))):
-        return None
-    days = _days_from_civil(year, month_n, 1) + day_n - 1
-    millis = int((fraction or "0")[:3].ljust(3, "0"))
-    total = ((days * 24 + hour_n) * 60 + minute_n) * 60_000 + second_n * 1000 + millis
-    if offset and offset != "Z":
-        sign = 1 if offset[0] == "+" else -1
-        offset_h, offset_m = int(offset[1:3]), int(offset[4:6])
-        if offset_h > 23 or offset_m > 59:
-            return None
-        total -= sign * (offset_h * 60 + offset_m) * 60_000
-    return total if abs(total) <= 8.64e15 else None
-
-
-def _days_from_civil(year: int, month: int, day: int) -> int:
-    year -= month <= 2
-    era = (year if year >= 0 else year - 399) // 400
-    year_of_era = year - era * 400
-    day_of_year = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
-    day_of_era = year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year
-    return era * 146097 + day_of_era - 719468
 
 
 @attrs.frozen

@@ -31,6 +31,7 @@ from ._common import (
     js_length,
     js_number,
     non_empty,
+    parse_timestamp_ms,
     require,
     validate_canonical_timestamp,
     validate_non_empty,
@@ -47,7 +48,7 @@ from ._files import (
     read_json_record,
 )
 from ._generations import is_current_owner_generation
-from ._intents import EXPECTED_TERMINAL_RESULT, OwnerIntent, parse_timestamp_ms
+from ._intents import EXPECTED_TERMINAL_RESULT, OwnerIntent
 
 TerminalSignal = Literal["SIGTERM", "SIGHUP", "SIGINT", "SIGKILL", "EXIT", "MANUAL", "UNKNOWN"]
 TerminalObserver = Literal["sidecar", "raw_monitor"]

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from tmux_owner._common import InvalidRecordError, TmuxOwnerError
-from tmux_owner._intents import OwnerIntent, create_owner_intent, parse_timestamp_ms
+from tmux_owner._common import InvalidRecordError, TmuxOwnerError, parse_timestamp_ms
+from tmux_owner._intents import OwnerIntent, create_owner_intent
 from tmux_owner._verdicts import ObserveTerminalRequest, is_valid_owner_intent
 
 SESSION = "session"

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tmux_owner._common import is_canonical_utc_timestamp, iso_now
-from tmux_owner._plan import parse_js_date_ms
+from tmux_owner._common import is_canonical_utc_timestamp, iso_now, parse_js_date_ms
 
 VALID = [
     "2024-02-29T00:00:00Z",  # TO-155
@@ -85,7 +84,24 @@ def test_attempt_expiry_is_parsed_like_javascript_date_parse_for_iso_strings(val
     assert parse_js_date_ms(value) == millis
 
 
-@pytest.mark.parametrize("value", ["", "soon", "2026-13-01T00:00:00Z", "1970-01-01T24:00:01Z", 5, None])
+@pytest.mark.parametrize(
+    ("value", "millis"),
+    [
+        ("-000001-12-31T23:59:59.999Z", -62_167_219_200_001),
+        ("-000002-03-01T00:00:00Z", -62_225_193_600_000),
+        ("-000400-01-01T00:00:00Z", -74_790_000_000_000),
+        ("-271821-04-20T00:00:00Z", -8_640_000_000_000_000),
+        ("+275760-09-13T00:00:00Z", 8_640_000_000_000_000),
+    ],
+)
+def test_extended_years_parse_to_the_same_instant_as_javascript(value: str, millis: int) -> None:
+    """TO-72: negative extended years count days like V8's Date.parse, up to the edge of the ±8.64e15 ms range."""
+    assert parse_js_date_ms(value) == millis
+
+
+@pytest.mark.parametrize(
+    "value", ["", "soon", "2026-13-01T00:00:00Z", "1970-01-01T24:00:01Z", "-271821-04-19T23:59:59.999Z", 5, None]
+)
 def test_unparseable_expiry_values_are_refused(value: object) -> None:
     """TO-72: an expiry that JavaScript's Date.parse cannot read (or we deliberately refuse) gives None."""
     assert parse_js_date_ms(value) is None
