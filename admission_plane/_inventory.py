@@ -58,7 +58,7 @@ def dispatch_from_row(row: Sequence[Any]) -> RecoverableDispatch:
 def _dispatch(row: Sequence[Any]) -> RecoverableDispatch:
     (lease_id, lease_request_id, generation, owner, phase, heartbeat_at, request_id, session_id, provider, model,
      request_state, request_generation, enqueued_at, identity_lease_id) = row[:14]
-    identity = row[14:]
+    identity, host_id = row[14:34], row[34]
     request_id = v.identifier(request_id, "recoverable dispatch request ID")
     v.identifier(lease_request_id, "recoverable dispatch lease request ID")
     fence = LeaseFence(
@@ -87,6 +87,7 @@ def _dispatch(row: Sequence[Any]) -> RecoverableDispatch:
         phase=lease_phase,
         heartbeat_at=heartbeat_at,
         process_identity=process_identity,
+        host_id=None if process_identity is None else _host(host_id),
     )
 
 
@@ -117,11 +118,17 @@ def _dispatch_identity(
     return DispatchProcessIdentity(prompt_channel=prompt_channel, connector=connector, child=child)
 
 
+def _host(value: Any) -> str | None:
+    return None if value is None else v.identifier(value, "recorded host ID")
+
+
 def queued_owner_from_row(row: Sequence[Any]) -> RecoverableQueuedOwner:
     """One ``LIST_QUEUED_OWNERS`` row as a :class:`RecoverableQueuedOwner`."""
     try:
         request_id = v.identifier(row[0], "recoverable queued-owner request ID")
-        return RecoverableQueuedOwner(request_id=request_id, owner=_connector(row[1], row[2], row[3:10]))
+        return RecoverableQueuedOwner(
+            request_id=request_id, owner=_connector(row[1], row[2], row[3:10]), host_id=_host(row[10])
+        )
     except (InvalidInputError, TypeError, ValueError):
         raise RecoverableDispatchInventoryError() from None
 

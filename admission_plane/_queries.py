@@ -136,6 +136,7 @@ INSERT_QUEUED_OWNER = Statement(
         pgrp=P("pgrp"),
         session=P("session"),
         recorded_at=P("now"),
+        host_id=P("host_id"),
     )
 )
 BIND_QUEUED_OWNER = Statement(
@@ -146,7 +147,7 @@ BIND_QUEUED_OWNER = Statement(
 LIST_QUEUED_OWNERS = Statement(
     select(
         R.request_id, QO.owner_instance_id, QO.created_at, QO.boot_id, QO.pid, QO.start_time_ticks,
-        QO.pid_namespace_inode, QO.ppid, QO.pgrp, QO.session,
+        QO.pid_namespace_inode, QO.ppid, QO.pgrp, QO.session, QO.host_id,
     )
     .join(QO, QO.owner_instance_id == R.queued_owner_instance_id)
     .where(R.state == lit(S.QUEUED), R.queued_owner_instance_id.is_not(None))
@@ -310,6 +311,7 @@ INSERT_IDENTITY = Statement(
     insert(LPI).values(
         lease_id=P("lease_id"),
         recorded_at=P("now"),
+        host_id=P("host_id"),
         **{name: P(name) for name in IDENTITY_COLUMN_NAMES},
     )
 )
@@ -356,7 +358,7 @@ LIST_DISPATCHES = Statement(
     select(
         L.lease_id, L.request_id, L.generation, L.owner_instance_id, L.phase, L.heartbeat_at,
         R.request_id, R.session_id, R.provider, R.model, R.state, R.lease_generation, R.enqueued_at,
-        LPI.lease_id, *_IDENTITY_COLUMNS,
+        LPI.lease_id, *_IDENTITY_COLUMNS, LPI.host_id,
     )
     .select_from(L)
     .outerjoin(R, R.request_id == L.request_id)

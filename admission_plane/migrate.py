@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 #: The newest revision of the history shipped with this package.
-HEAD_REVISION = "0003_seed_v3"
+HEAD_REVISION = "0005_queue_deadline_index"
 #: The seed's ledger: ``(version, name)`` of every schema version it knows.
 SEED_LEDGER: tuple[tuple[int, str], ...] = LEDGER
 #: The Alembic revision that writes each ledger version.

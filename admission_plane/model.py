@@ -72,6 +72,13 @@ class TurnRequest(Base):
             sqlite_where=text("queued_owner_instance_id IS NOT NULL"),
             postgresql_where=text("queued_owner_instance_id IS NOT NULL"),
         ),
+        # Revision 0005: the queue-timeout sweep reads only the rows that expire.
+        Index(
+            "turn_requests_queued_deadline",
+            "deadline_at",
+            sqlite_where=text("state = 'queued'"),
+            postgresql_where=text("state = 'queued'"),
+        ),
     )
 
     request_id: Mapped[str] = mapped_column(Text, primary_key=True)
@@ -183,6 +190,8 @@ class LeaseProcessIdentity(Base):
     child_pgrp: Mapped[int] = mapped_column(Int64, nullable=False)
     child_session: Mapped[int] = mapped_column(Int64, nullable=False)
     recorded_at: Mapped[int] = mapped_column(Int64, nullable=False)
+    #: The host that captured this evidence (revision 0004; NULL = before it, treated as local).
+    host_id: Mapped[str | None] = mapped_column(Text)
 
     lease: Mapped[Lease] = relationship(back_populates="process_identity")
 
@@ -286,6 +295,8 @@ class QueuedOwnerInstance(Base):
     pgrp: Mapped[int] = mapped_column(Int64, nullable=False)
     session: Mapped[int] = mapped_column(Int64, nullable=False)
     recorded_at: Mapped[int] = mapped_column(Int64, nullable=False)
+    #: The host that captured this evidence (revision 0004; NULL = before it, treated as local).
+    host_id: Mapped[str | None] = mapped_column(Text)
 
 
 metadata = Base.metadata

@@ -5,6 +5,11 @@ is released only when the connector, the dispatch child and the child's whole pr
 group are all proved gone by Linux process evidence; the request then ends
 ``recovery_required`` and its payload is deleted. Anything unverifiable is retained.
 Nothing is ever requeued.
+
+Evidence is judged only by the host that recorded it: on a plane shared by several hosts a
+reaper retains every lease and queued owner whose evidence another host recorded (marking
+the lease suspect when its heartbeat is stale), because a different boot id there is not
+proof of death.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ def reap(plane: AdmissionPlane, now: int, readers: Any = None) -> ReaperSummary:
     counts = {"released": 0, "retained": 0, "marked_recovery_required": 0, "suspected": 0, "queued_settled": 0}
 
     for queued in plane.list_recoverable_queued_owners():
+        if not _is_local(plane, queued.host_id):
+            continue
         if observe(queued.owner, readers) in _GONE and plane.settle_queued_owner_death(
             queued.request_id, queued.owner.owner_instance_id, now
         ):
@@ -55,6 +62,11 @@ def reap(plane: AdmissionPlane, now: int, readers: Any = None) -> ReaperSummary:
             if _try(plane.mark_suspect, dispatch.fence, now, reason):
                 counts["suspected"] += 1
         if identity is None or process_ids is None:
+            counts["retained"] += 1
+            continue
+        if not _is_local(plane, dispatch.host_id):
+            # Another host's evidence proves nothing here (a different boot id is not death);
+            # a stale heartbeat was marked suspect above.
             counts["retained"] += 1
             continue
         connector = observe(identity.connector, readers)
@@ -77,6 +89,11 @@ def reap(plane: AdmissionPlane, now: int, readers: Any = None) -> ReaperSummary:
             counts["marked_recovery_required"] += 1
         counts["retained"] += 1
     return ReaperSummary(inspected=len(dispatches), **counts)
+
+
+def _is_local(plane: AdmissionPlane, host_id: str | None) -> bool:
+    """Evidence recorded by this host (or before host ids were recorded, by a single-host connector)."""
+    return host_id is None or host_id == plane.host_id
 
 
 _DONE = object()

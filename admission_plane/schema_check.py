@@ -26,13 +26,16 @@ from .model import ADMISSION_TABLES
 __all__ = [
     "CHECKS",
     "EXPECTED_REVISION",
+    "EXTENSIONS",
     "FOREIGN_KEYS",
     "INDEXES",
     "LEDGER",
+    "SEED_REVISION",
     "TABLES",
     "UNIQUE_CONSTRAINTS",
     "check_schema",
     "expected_schema_version",
+    "expected_spec",
     "schema_version",
 ]
 
@@ -69,6 +72,7 @@ class Index:
     columns: tuple[str, ...]
     unique: bool = False
     where: str | None = None
+    pg_where: str | None = None
 
 
 @dataclass(frozen=True)
@@ -193,9 +197,57 @@ LEDGER: tuple[tuple[int, str], ...] = (
     (2, "shared-admission-queue-v2"),
     (3, "shared-admission-queue-v3"),
 )
-#: The Alembic revision whose schema this module describes (``alembic_version`` must hold it when present).
-EXPECTED_REVISION = "0003_seed_v3"
+#: The Alembic revision of the seed's own v3 schema (what the original connector writes).
+SEED_REVISION = "0003_seed_v3"
+
+
+@dataclass(frozen=True)
+class Extension:
+    """One of our revisions after the seed's v3: columns appended to tables, and new indexes."""
+
+    revision: str
+    columns: dict[str, tuple[Column, ...]]
+    indexes: tuple[Index, ...] = ()
+
+
+#: Our revisions after v3, in order. A database at one of them is no longer the seed's schema.
+EXTENSIONS: tuple[Extension, ...] = (
+    Extension("0004_host_identity", {
+        "lease_process_identities": _columns("host_id TEXT"),
+        "queued_owner_instances": _columns("host_id TEXT"),
+    }),
+    Extension("0005_queue_deadline_index", {}, (
+        Index("turn_requests_queued_deadline", "turn_requests", ("deadline_at",),
+              where="state = 'queued'", pg_where="(state = 'queued'::text)"),
+    )),
+)
+#: The Alembic revision the service layer requires (``alembic_version`` must hold it).
+EXPECTED_REVISION = EXTENSIONS[-1].revision
 VERSION_TABLE = "alembic_version"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """The expected schema at one revision."""
+
+    revision: str
+    tables: dict[str, tuple[Column, ...]]
+    indexes: tuple[Index, ...]
+
+
+def expected_spec(revision: str = EXPECTED_REVISION) -> Spec:
+    """The expected schema at ``revision`` (the seed's v3 or one of :data:`EXTENSIONS`)."""
+    tables = dict(TABLES)
+    indexes = INDEXES
+    if revision == SEED_REVISION:
+        return Spec(revision, tables, indexes)
+    for extension in EXTENSIONS:
+        for table, columns in extension.columns.items():
+            tables[table] = tables[table] + columns
+        indexes = indexes + extension.indexes
+        if extension.revision == revision:
+            return Spec(revision, tables, indexes)
+    raise SchemaIntegrityError(f"revision {revision} is not described by this schema check")
 
 Query = Callable[..., list[tuple[Any, ...]]]
 
@@ -213,17 +265,20 @@ def schema_version(target: Engine | Connection) -> int:
         return int(query("SELECT MAX(version) FROM schema_migrations")[0][0] or 0)
 
 
-def check_schema(target: Engine | Connection) -> None:
-    """Raise :class:`SchemaIntegrityError` unless the database is exactly the expected v3 schema.
+def check_schema(target: Engine | Connection, *, revision: str = EXPECTED_REVISION) -> None:
+    """Raise :class:`SchemaIntegrityError` unless the database is exactly the schema of ``revision``.
 
-    Reads only; a connection passed in keeps its transaction state (a transaction this
-    function had to open is rolled back).
+    The default is the head revision the service layer needs. With
+    ``revision=SEED_REVISION`` a database written by the original connector (no
+    ``alembic_version`` table) passes too. Reads only; a connection passed in keeps its
+    transaction state (a transaction this function had to open is rolled back).
     """
+    spec = expected_spec(revision)
     with _reader(target) as (query, dialect):
         if dialect == "sqlite":
-            _check_sqlite(query)
+            _check_sqlite(query, spec)
         elif dialect == "postgresql":
-            _check_postgresql(query)
+            _check_postgresql(query, spec)
         else:
             raise SchemaIntegrityError(f"database dialect {dialect} is not supported")
 
@@ -269,7 +324,9 @@ def _compare_names(kind: str, actual: set[str], expected: set[str]) -> None:
 ColumnsOf = Callable[[str], tuple[tuple[Any, ...], ...]]
 
 
-def _check_ledger_and_tables(query: Query, tables: set[str], actual: ColumnsOf, expected: ColumnsOf) -> None:
+def _check_ledger_and_tables(
+    query: Query, spec: Spec, tables: set[str], actual: ColumnsOf, expected: ColumnsOf
+) -> None:
     """The checks both dialects share: ledger, table set, Alembic's version, and every table's columns."""
     if "schema_migrations" not in tables:
         if tables.intersection(ADMISSION_TABLES):
@@ -284,10 +341,13 @@ def _check_ledger_and_tables(query: Query, tables: set[str], actual: ColumnsOf, 
     if sorted(rows) != list(LEDGER):
         raise SchemaIntegrityError("schema_migrations ledger rows do not match the schema contract")
     present = {name for name in tables if not name.startswith("sqlite_") and name != VERSION_TABLE}
-    _compare_names("table", present, set(TABLES))
-    if VERSION_TABLE in tables and query(f"SELECT version_num FROM {VERSION_TABLE}") != [(EXPECTED_REVISION,)]:
-        raise SchemaIntegrityError(f"{VERSION_TABLE} does not hold revision {EXPECTED_REVISION}")
-    for table in TABLES:
+    _compare_names("table", present, set(spec.tables))
+    seed_written = spec.revision == SEED_REVISION and VERSION_TABLE not in tables
+    if not seed_written and (
+        VERSION_TABLE not in tables or query(f"SELECT version_num FROM {VERSION_TABLE}") != [(spec.revision,)]
+    ):
+        raise SchemaIntegrityError(f"{VERSION_TABLE} does not hold revision {spec.revision}")
+    for table in spec.tables:
         if actual(table) != expected(table):
             raise SchemaIntegrityError(f"table {table} columns do not match the schema contract")
 
@@ -303,7 +363,7 @@ def _normalized(sql: str) -> str:
 # --- SQLite -----------------------------------------------------------------------------
 
 
-def _check_sqlite(query: Query) -> None:
+def _check_sqlite(query: Query, spec: Spec) -> None:
     if query("PRAGMA foreign_keys") != [(1,)]:
         raise SchemaIntegrityError("PRAGMA foreign_keys=ON is required")
     master = query("SELECT type, name, tbl_name, sql FROM sqlite_master")
@@ -315,11 +375,12 @@ def _check_sqlite(query: Query) -> None:
                      for _, name, type_, notnull, default, pk in query(f'PRAGMA table_info("{table}")'))
 
     def expected(table: str) -> tuple[tuple[Any, ...], ...]:
-        return tuple((c.name, c.type, c.notnull, c.pk, c.default) for c in TABLES[table])
+        return tuple((c.name, c.type, c.notnull, c.pk, c.default) for c in spec.tables[table])
 
-    _check_ledger_and_tables(query, {name for type_, name, _, _ in master if type_ == "table"}, actual, expected)
+    table_names = {name for type_, name, _, _ in master if type_ == "table"}
+    _check_ledger_and_tables(query, spec, table_names, actual, expected)
     table_sql = {name: _normalized(sql or "") for type_, name, _, sql in master if type_ == "table"}
-    for table in TABLES:
+    for table in spec.tables:
         fragments = [check.sqlite_fragment for check in CHECKS if check.table == table]
         expected_checks = sum(fragment.count("CHECK") for fragment in fragments)
         if any(_normalized(fragment) not in table_sql[table] for fragment in fragments) or len(
@@ -335,8 +396,8 @@ def _check_sqlite(query: Query) -> None:
             raise SchemaIntegrityError(f"table {table} foreign keys do not match the schema contract")
 
     named = {name: (table, sql) for type_, name, table, sql in master if type_ == "index" and sql is not None}
-    _compare_names("index", set(named), {index.name for index in INDEXES})
-    for index in INDEXES:
+    _compare_names("index", set(named), {index.name for index in spec.indexes})
+    for index in spec.indexes:
         listed = {row[1]: row for row in query(f'PRAGMA index_list("{index.table}")')}
         row = listed.get(index.name)
         keys = tuple((name, bool(desc), collation) for _, _, name, desc, collation, key
@@ -348,7 +409,7 @@ def _check_sqlite(query: Query) -> None:
             raise SchemaIntegrityError(f"index {index.name} does not match the schema contract")
 
     unique = set()
-    for table in TABLES:
+    for table in spec.tables:
         for _, name, _unique, origin, _ in query(f'PRAGMA index_list("{table}")'):
             if origin == "u":
                 keys = tuple(row[2] for row in query(f'PRAGMA index_info("{name}")'))
@@ -362,7 +423,7 @@ def _check_sqlite(query: Query) -> None:
 _PG_TYPES = {"INTEGER": "bigint", "TEXT": "text", "BLOB": "bytea"}
 
 
-def _check_postgresql(query: Query) -> None:
+def _check_postgresql(query: Query, spec: Spec) -> None:
     def actual(table: str) -> tuple[tuple[Any, ...], ...]:
         keys = query(
             "SELECT a.attname FROM pg_constraint c JOIN LATERAL unnest(c.conkey) WITH ORDINALITY AS k(attnum, n) "
@@ -377,9 +438,9 @@ def _check_postgresql(query: Query) -> None:
 
     def expected(table: str) -> tuple[tuple[Any, ...], ...]:
         return tuple((c.name, _PG_TYPES[c.type], c.notnull or c.pk > 0, c.pk, c.default, c.identity)
-                     for c in TABLES[table])
+                     for c in spec.tables[table])
 
-    _check_ledger_and_tables(query, _table_names(query, "postgresql"), actual, expected)
+    _check_ledger_and_tables(query, spec, _table_names(query, "postgresql"), actual, expected)
 
     constraints = query(
         "SELECT c.conrelid::regclass::text, c.contype, c.conname, pg_get_constraintdef(c.oid), c.confdeltype, "
@@ -413,10 +474,10 @@ def _check_postgresql(query: Query) -> None:
         "AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)", VERSION_TABLE)
     actual = {name: (table, unique_, where, tuple(zip(columns, descending, strict=True)))
               for name, table, unique_, where, columns, descending in indexes}
-    _compare_names("index", set(actual), {index.name for index in INDEXES})
-    for index in INDEXES:
-        expected = (index.table, index.unique, None if index.where is None else f"({index.where})",
-                    _index_columns(index))
+    _compare_names("index", set(actual), {index.name for index in spec.indexes})
+    for index in spec.indexes:
+        where = index.pg_where or (None if index.where is None else f"({index.where})")
+        expected = (index.table, index.unique, where, _index_columns(index))
         if actual[index.name] != expected:
             raise SchemaIntegrityError(f"index {index.name} does not match the schema contract")
 

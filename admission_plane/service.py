@@ -48,6 +48,7 @@ from .errors import (
     UnknownRequestError,
 )
 from .evidence import ConnectorIdentity
+from .host import default_host_id
 from .policy import Policy
 from .states import (
     ABANDONABLE_PHASES,
@@ -135,6 +136,8 @@ class AdmissionPlane:
         clock: Callable[[], int] = wall_clock_ms,
         host_id: str | None = None,
     ) -> None:
+        """See the class docstring; ``host_id`` names this host in recorded evidence
+        (default: :func:`admission_plane.host.default_host_id`)."""
         self.policy = Policy() if policy is None else policy
         if not isinstance(self.policy, Policy):
             raise InvalidInputError("policy must be an admission_plane.Policy")
@@ -151,7 +154,7 @@ class AdmissionPlane:
         elif not isinstance(owner_identity, ConnectorIdentity):
             raise InvalidInputError("owner identity must be a ConnectorIdentity")
         self.owner_identity = owner_identity
-        self.host_id = host_id if host_id is None else v.identifier(host_id, "host ID")
+        self.host_id = default_host_id() if host_id is None else v.identifier(host_id, "host ID")
         if isinstance(database, Engine):
             self.engine, self._owns_engine = database, False
         else:
@@ -673,8 +676,12 @@ class AdmissionPlane:
             return _not_committed("stale_lease")
         tx.execute(
             q.INSERT_IDENTITY,
-            {"lease_id": record.lease_id, "now": committed_at, **dict(zip(q.IDENTITY_COLUMN_NAMES,
-                                                                          _identity_values(record), strict=True))},
+            {
+                "lease_id": record.lease_id,
+                "now": committed_at,
+                "host_id": self.host_id,
+                **dict(zip(q.IDENTITY_COLUMN_NAMES, _identity_values(record), strict=True)),
+            },
         )
         hook = self._faults.after_process_identity_persisted
         if hook is not None:
@@ -872,7 +879,7 @@ class AdmissionPlane:
         stored = tx.one(q.SELECT_QUEUED_OWNER, {"owner_instance_id": owner.owner_instance_id})
         values = _owner_values(owner)
         if stored is None:
-            tx.execute(q.INSERT_QUEUED_OWNER, {**values, "now": now})
+            tx.execute(q.INSERT_QUEUED_OWNER, {**values, "now": now, "host_id": self.host_id})
         elif tuple(stored) != tuple(values.values()):
             raise AdmissionConflictError()
         request = tx.one(q.SELECT_REQUEST_STATE, {"request_id": request_id})

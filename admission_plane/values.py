@@ -209,7 +209,11 @@ class DispatchProcessIdentity:
 
 @attrs.frozen
 class RecoverableDispatch:
-    """A lease still holding a seat, for startup recovery and the reaper (no payload, no agent)."""
+    """A lease still holding a seat, for startup recovery and the reaper (no payload, no agent).
+
+    ``host_id`` is the host that recorded ``process_identity`` (``None`` when unknown: no
+    identity, or recorded before host identities existed).
+    """
 
     request_id: str
     session_id: str
@@ -224,10 +228,11 @@ class RecoverableDispatch:
 
 @attrs.frozen
 class RecoverableQueuedOwner:
-    """A queued request and the connector identity that enqueued it."""
+    """A queued request and the connector identity that enqueued it (``host_id``: where it was captured)."""
 
     request_id: str
     owner: ConnectorIdentity
+    host_id: str | None = None
 
 
 @attrs.frozen

@@ -19,7 +19,7 @@ from seed_schema import (
     snapshot,
 )
 
-from admission_plane import migrate
+from admission_plane import migrate, schema_check
 from admission_plane.errors import AdmissionMigrationError
 
 
@@ -43,8 +43,21 @@ def test_seed_database_is_adopted_and_upgraded_with_every_row(tmp_path: Path, ve
     database = build_seed_database(tmp_path / f"seed-v{version}.sqlite", version)
     populate(database, version)
     command.upgrade(migrate.alembic_config(database), "head")
-    assert snapshot(database) == expected_rows_after_upgrade(version)
+    assert without_host_ids(snapshot(database)) == expected_rows_after_upgrade(version)
     assert alembic_version(database) == [migrate.HEAD_REVISION]
+
+
+def without_host_ids(rows: dict[str, list[dict[str, object]]]) -> dict[str, list[dict[str, object]]]:
+    """Drop revision 0004's ``host_id`` columns after checking that adopted rows hold NULL there."""
+    stripped = {}
+    for table, table_rows in rows.items():
+        stripped[table] = []
+        for row in table_rows:
+            if "host_id" in row:
+                assert row["host_id"] is None, table
+                row = {key: value for key, value in row.items() if key != "host_id"}
+            stripped[table].append(row)
+    return stripped
 
 
 @pytest.mark.parametrize("version", [1, 2, 3])
@@ -59,19 +72,19 @@ def test_adoption_keeps_the_seed_ledger_rows_and_adds_the_missing_ones(tmp_path:
 
 
 def test_adopted_v3_database_is_only_stamped(tmp_path: Path) -> None:
-    """AC-99: a seed database already at v3 gains Alembic's version row and no other change."""
+    """AC-99: a seed database already at v3, upgraded to the seed's v3 revision, gains Alembic's version row only."""
     database = build_seed_database(tmp_path / "seed-v3.sqlite", 3)
     populate(database, 3)
     before = (master_sql(database), ledger(database), snapshot(database))
-    migrate.upgrade(database)
+    migrate.upgrade(database, schema_check.SEED_REVISION)
     assert (master_sql(database), ledger(database), snapshot(database)) == before
-    assert alembic_version(database) == [migrate.HEAD_REVISION]
+    assert alembic_version(database) == [schema_check.SEED_REVISION]
 
 
 def test_adopted_v1_database_has_the_seed_v3_schema_text(tmp_path: Path) -> None:
     """AC-92: upgrading a seed v1 database yields the same sqlite_master SQL as the seed's own v1->v3 chain."""
     adopted = build_seed_database(tmp_path / "adopted.sqlite", 1)
-    migrate.upgrade(adopted)
+    migrate.upgrade(adopted, schema_check.SEED_REVISION)
     assert master_sql(adopted) == master_sql(build_seed_database(tmp_path / "seed.sqlite", 3))
 
 
@@ -167,7 +180,7 @@ def test_alembic_version_disagreeing_with_the_ledger_is_refused(tmp_path: Path) 
     with closing(connect(database)) as connection:
         connection.execute("DELETE FROM schema_migrations WHERE version = 3")
     before = state(database)
-    with pytest.raises(AdmissionMigrationError, match="0003_seed_v3 disagrees with schema_migrations version 2"):
+    with pytest.raises(AdmissionMigrationError, match=f"{migrate.HEAD_REVISION} disagrees with schema_migrations version 2"):
         migrate.upgrade(database)
     assert state(database) == before
 

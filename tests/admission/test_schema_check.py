@@ -11,7 +11,7 @@ import pytest
 from seed_schema import build_seed_database, connect, populate
 from sqlalchemy import Engine
 
-from admission_plane import migrate
+from admission_plane import migrate, schema_check
 from admission_plane.db import create_admission_engine
 from admission_plane.errors import SchemaIntegrityError
 from admission_plane.schema_check import check_schema, expected_schema_version, schema_version
@@ -54,13 +54,23 @@ def test_migrated_database_passes(engine: Engine) -> None:
     check_schema(engine)
 
 
-def test_seed_built_v3_database_passes(tmp_path: Path) -> None:
-    """A v3 database written by the original connector (no alembic_version) passes the check."""
+def test_seed_built_v3_database_passes_the_seed_revision_check(tmp_path: Path) -> None:
+    """A v3 database written by the original connector (no alembic_version) passes the seed-v3 check."""
     path = build_seed_database(tmp_path / "seed.sqlite", 3)
     populate(path, 3)
     engine = create_admission_engine(path)
     try:
-        check_schema(engine)
+        check_schema(engine, revision=schema_check.SEED_REVISION)
+    finally:
+        engine.dispose()
+
+
+def test_seed_built_v3_database_is_refused_until_upgraded_to_head(tmp_path: Path) -> None:
+    """The service layer needs head: an adopted-but-not-upgraded seed database is refused with a clear message."""
+    path = build_seed_database(tmp_path / "seed.sqlite", 3)
+    engine = create_admission_engine(path)
+    try:
+        assert refusal(engine) == f"alembic_version does not hold revision {schema_check.EXPECTED_REVISION}"
     finally:
         engine.dispose()
 
@@ -200,7 +210,7 @@ def test_dropped_foreign_key_is_refused(database: Path, engine: Engine) -> None:
 def test_alembic_version_not_at_head_is_refused(database: Path, engine: Engine) -> None:
     """An alembic_version holding another revision than the expected one is refused."""
     tamper(database, "UPDATE alembic_version SET version_num = '0002_seed_v2'")
-    assert refusal(engine) == "alembic_version does not hold revision 0003_seed_v3"
+    assert refusal(engine) == f"alembic_version does not hold revision {schema_check.EXPECTED_REVISION}"
 
 
 def test_schema_version_reads_the_ledger(engine: Engine, tmp_path: Path) -> None:

@@ -50,18 +50,41 @@ def alembic_head(tmp_path: Path) -> Path:
     return path
 
 
-def test_alembic_schema_has_the_seeds_pragmas(seed_v3: Path, alembic_head: Path) -> None:
+@pytest.fixture
+def alembic_seed_v3(tmp_path: Path) -> Path:
+    """A database built by `alembic upgrade 0003_seed_v3` (the seed's history, before our revisions)."""
+    path = tmp_path / "alembic-v3.sqlite"
+    command.upgrade(migrate.alembic_config(path), schema_check.SEED_REVISION)
+    return path
+
+
+def test_alembic_schema_has_the_seeds_pragmas(seed_v3: Path, alembic_seed_v3: Path) -> None:
     """AC-91: table_info, index_list, index_xinfo, foreign_key_list and CHECKs match the seed's for every table."""
-    seed, ours = pragma_picture(seed_v3), pragma_picture(alembic_head)
+    seed, ours = pragma_picture(seed_v3), pragma_picture(alembic_seed_v3)
     assert sorted(ours) == sorted(seed)
     for table in seed:
         assert ours[table] == seed[table], table
     assert all(all(entry["checks"]) for entry in ours.values())
 
 
-def test_alembic_schema_text_is_byte_identical_to_the_seeds(seed_v3: Path, alembic_head: Path) -> None:
+def test_alembic_schema_text_is_byte_identical_to_the_seeds(seed_v3: Path, alembic_seed_v3: Path) -> None:
     """sqlite_master.sql of every table and index equals what the original connector writes."""
-    assert master_sql(alembic_head) == master_sql(seed_v3)
+    assert master_sql(alembic_seed_v3) == master_sql(seed_v3)
+
+
+def test_head_adds_only_the_documented_extensions_to_the_seed_schema(seed_v3: Path, alembic_head: Path) -> None:
+    """Revisions after v3 add exactly the host_id columns and the queued-deadline index, nothing else."""
+    seed, ours = pragma_picture(seed_v3), pragma_picture(alembic_head)
+    spec = schema_check.expected_spec()
+    assert sorted(ours) == sorted(seed)
+    for table in seed:
+        added = [column.name for column in spec.tables[table][len(schema_check.TABLES[table]):]]
+        assert [row[1] for row in ours[table]["table_info"]] == [row[1] for row in seed[table]["table_info"]] + added
+    new_indexes = {index.name for index in spec.indexes} - {index.name for index in schema_check.INDEXES}
+    assert new_indexes == {"turn_requests_queued_deadline"}
+    assert {row[1] for row in ours["turn_requests"]["index_list"]} - {
+        row[1] for row in seed["turn_requests"]["index_list"]
+    } == new_indexes
 
 
 def test_alembic_check_finds_no_drift_between_entities_and_migrated_sqlite(alembic_head: Path) -> None:
@@ -103,6 +126,7 @@ def test_head_revision_constants_match_the_history() -> None:
     """HEAD_REVISION, the integrity check's expected revision and the script directory's head agree."""
     head = ScriptDirectory.from_config(migrate.alembic_config()).get_current_head()
     assert head == migrate.HEAD_REVISION == schema_check.EXPECTED_REVISION
+    assert [extension.revision for extension in schema_check.EXTENSIONS][-1] == migrate.HEAD_REVISION
     assert [migrate.SEED_REVISIONS[version] for version, _ in migrate.SEED_LEDGER] == [
         "0001_seed_v1", "0002_seed_v2", "0003_seed_v3"
     ]
