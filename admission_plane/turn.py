@@ -112,11 +112,14 @@ def _write_to_stdin(turn: Turn, prompt: str) -> None:
     child = turn.child
     if child is None or child.stdin is None:
         raise InvalidInputError("the default prompt writer needs a spawned child with a stdin pipe")
+    stdin = child.stdin
     try:
-        child.stdin.write(prompt.encode("utf-8"))
-        child.stdin.flush()
+        stdin.write(prompt.encode("utf-8"))
+        stdin.flush()
     finally:
-        child.stdin.close()
+        stdin.close()
+        # Popen.communicate() would flush the closed pipe; the child has its whole prompt now.
+        child.stdin = None
 
 
 class _Stage:
