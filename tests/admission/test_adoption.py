@@ -17,6 +17,7 @@ from seed_schema import (
     master_sql,
     populate,
     snapshot,
+    without_host_ids,
 )
 
 from admission_plane import migrate, schema_check
@@ -45,19 +46,6 @@ def test_seed_database_is_adopted_and_upgraded_with_every_row(tmp_path: Path, ve
     command.upgrade(migrate.alembic_config(database), "head")
     assert without_host_ids(snapshot(database)) == expected_rows_after_upgrade(version)
     assert alembic_version(database) == [migrate.HEAD_REVISION]
-
-
-def without_host_ids(rows: dict[str, list[dict[str, object]]]) -> dict[str, list[dict[str, object]]]:
-    """Drop revision 0004's ``host_id`` columns after checking that adopted rows hold NULL there."""
-    stripped = {}
-    for table, table_rows in rows.items():
-        stripped[table] = []
-        for row in table_rows:
-            if "host_id" in row:
-                assert row["host_id"] is None, table
-                row = {key: value for key, value in row.items() if key != "host_id"}
-            stripped[table].append(row)
-    return stripped
 
 
 @pytest.mark.parametrize("version", [1, 2, 3])
@@ -180,7 +168,8 @@ def test_alembic_version_disagreeing_with_the_ledger_is_refused(tmp_path: Path) 
     with closing(connect(database)) as connection:
         connection.execute("DELETE FROM schema_migrations WHERE version = 3")
     before = state(database)
-    with pytest.raises(AdmissionMigrationError, match=f"{migrate.HEAD_REVISION} disagrees with schema_migrations version 2"):
+    expected = f"{migrate.HEAD_REVISION} disagrees with schema_migrations version 2"
+    with pytest.raises(AdmissionMigrationError, match=expected):
         migrate.upgrade(database)
     assert state(database) == before
 

@@ -41,10 +41,10 @@ def tamper(path: Path, *statements: str) -> None:
             connection.execute(statement)
 
 
-def refusal(engine: Engine) -> str:
-    """The detail of the SchemaIntegrityError the check raises."""
+def refusal(engine: Engine, revision: str = schema_check.EXPECTED_REVISION) -> str:
+    """The detail of the SchemaIntegrityError the check raises (against ``revision``, default head)."""
     with pytest.raises(SchemaIntegrityError) as raised:
-        check_schema(engine)
+        check_schema(engine, revision=revision)
     assert str(raised.value).startswith("admission schema integrity check failed: ")
     return raised.value.detail
 
@@ -189,7 +189,8 @@ def test_strict_v2_policy_checks_are_refused(tmp_path: Path) -> None:
     tamper(path, "INSERT INTO schema_migrations VALUES (3, 'shared-admission-queue-v3', 1)")
     engine = create_admission_engine(path)
     try:
-        assert refusal(engine) == "table policy_state CHECK constraints do not match the schema contract"
+        detail = refusal(engine, schema_check.SEED_REVISION)
+        assert detail == "table policy_state CHECK constraints do not match the schema contract"
     finally:
         engine.dispose()
 
