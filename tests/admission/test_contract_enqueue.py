@@ -45,6 +45,8 @@ NOT_QUEUED = "request is no longer queued"
 CONFLICT = "request identity was reused with different immutable metadata"
 PAYLOAD_CONFLICT = "request already has a different durable payload"
 BAD_EXPIRY = "payload expiry must be after persistence time"
+OWNER_COLUMNS = ("owner_instance_id, created_at, boot_id, pid, start_time_ticks, pid_namespace_inode, ppid, pgrp,"
+                 " session, recorded_at")
 UUID_V4 = r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
 
 
@@ -445,7 +447,7 @@ def test_enqueue_binds_the_request_to_the_planes_own_identity(plane: AdmissionPl
     row = request_row(database_url, "bound")
     assert (row["owner"], row["owner_at"]) == (owner.owner_instance_id, 1_234)
     process = owner.process
-    assert query(database_url, "SELECT * FROM queued_owner_instances") == [
+    assert query(database_url, f"SELECT {OWNER_COLUMNS} FROM queued_owner_instances") == [
         (owner.owner_instance_id, owner.created_at, process.boot_id, process.pid, process.start_time_ticks,
          process.pid_namespace_inode, process.ppid, process.pgrp, process.session, 1_234)
     ]

@@ -35,7 +35,12 @@ def fingerprint(policy: Policy, key: bytes = CONTENT_KEY) -> str:
 
 
 def policy_row(path: str) -> list[tuple[object, ...]]:
-    return query(path, "SELECT * FROM policy_state")
+    return query(
+        path,
+        "SELECT id, max_active_turns, max_concurrent_starts, min_start_interval_ms, queue_timeout_ms,"
+        " capacity_cooldown_ms, drain_state, policy_fingerprint, updated_at, updated_by_owner_instance_id"
+        " FROM policy_state",
+    )
 
 
 # --- AC-78: claim -----------------------------------------------------------------------------------------------
