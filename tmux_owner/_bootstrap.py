@@ -20,11 +20,13 @@ from ._cgroup import classify_cgroup
 from ._common import (
     SCHEMA_VERSION,
     InvalidRecordError,
+    as_invalid_record,
     current_ms,
     is_safe_path_component,
     is_schema_one,
     non_empty,
     parse_js_date_ms,
+    refuse_unless,
 )
 from ._files import GENERATION_LOCK_WAIT_MS, LifecyclePaths, acquire_lock, lifecycle_paths, read_json_record
 from ._generations import OwnerGenerationBaseline, capture_owner_generation_baseline
@@ -57,19 +59,9 @@ __all__ = [
 ]
 
 
-def _non_empty(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not non_empty(value):
-        raise InvalidRecordError(attribute.name)
-
-
-def _path_component(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not is_safe_path_component(value):
-        raise InvalidRecordError(attribute.name)
-
-
-def _argv(_instance: object, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
-    if not is_valid_argv(list(value)):
-        raise InvalidRecordError(attribute.name)
+_non_empty = refuse_unless(non_empty)
+_path_component = refuse_unless(is_safe_path_component)
+_argv = refuse_unless(lambda value: is_valid_argv(list(value)))
 
 
 @attrs.frozen
@@ -109,10 +101,8 @@ class BootstrapRequest:
             raise InvalidRecordError(cls.__name__)
         attempt = AttemptCapability.from_json(value["attempt"])
         fields = {key: value[key] for key in cls.KEYS[2:8]}
-        try:
+        with as_invalid_record(cls.__name__):
             return cls(**fields, attempt=attempt)
-        except (TypeError, ValueError) as error:
-            raise InvalidRecordError(cls.__name__) from error
 
     def to_json(self) -> dict[str, Any]:
         """The request in the seed's key order (the scoped plan's ``stdin_line``)."""

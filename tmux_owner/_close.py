@@ -108,11 +108,10 @@ def close_exact_tmux_owner(
     deps = deps or ExactOwnerCloseDependencies()
     wait_for_verdict = deps.wait_for_verdict or verdict_poller(request)
     paths = lifecycle_paths(request.state_dir, request.session_id, request.generation)
-    intent_file = paths.intent_file
 
     def retire(suffix: str) -> None:
         with contextlib.suppress(OSError):
-            os.rename(intent_file, intent_file.with_name(intent_file.name + suffix))
+            os.rename(paths.intent_file, paths.retired_intent_file(suffix))
 
     def generation_is_current() -> bool:
         return is_current_owner_generation(request.state_dir, request.session_id, request.generation)

@@ -11,9 +11,10 @@ import json
 import math
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from types import TracebackType
+from typing import Any, TypeGuard
 
 import attrs
 
@@ -109,7 +110,7 @@ def _reject_surrogates(value: Any) -> None:
             _reject_surrogates(item)
 
 
-def is_record(value: Any) -> bool:
+def is_record(value: Any) -> TypeGuard[dict[str, Any]]:
     """A JSON object (the seed's ``isRecord``)."""
     return isinstance(value, dict)
 
@@ -336,3 +337,37 @@ def validate_schema_one(_instance: object, attribute: attrs.Attribute[Any], valu
 
 def validate_path_component(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
     require(is_safe_path_component(value), f"{attribute.name} must be a safe path component")
+
+
+FieldValidator = Callable[[object, "attrs.Attribute[Any]", Any], None]
+
+
+def refuse_unless(check: Callable[[Any], bool]) -> FieldValidator:
+    """An attrs validator that raises ``InvalidRecordError(<field name>)`` unless ``check(value)``."""
+
+    def validate(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if not check(value):
+            raise InvalidRecordError(attribute.name)
+
+    return validate
+
+
+class _RefusalsAsInvalidRecord:
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, _type: object, error: BaseException | None, _traceback: TracebackType | None) -> None:
+        if isinstance(error, (TypeError, ValueError)):
+            raise InvalidRecordError(self.what) from error
+
+
+def as_invalid_record(what: str) -> _RefusalsAsInvalidRecord:
+    """Within the block, a constructor's ``TypeError``/``ValueError`` becomes ``InvalidRecordError(what)``.
+
+    ``with as_invalid_record(cls.__name__): return cls(**value)`` is how every
+    ``from_json`` turns a refused field into one error naming the record.
+    """
+    return _RefusalsAsInvalidRecord(what)

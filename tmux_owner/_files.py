@@ -51,6 +51,10 @@ class LifecyclePaths:
     lock_database_file: Path
     journal_file: Path
 
+    def retired_intent_file(self, suffix: str) -> Path:
+        """``intent-<G>.json<suffix>``: the intent once ``.consumed``/``.cancelled``/``.expired``/``.invalidated``."""
+        return self.intent_file.with_name(self.intent_file.name + suffix)
+
     def attempt_file(self, token: str) -> Path:
         """``attempt-<token>.json``: a scoped-bootstrap capability."""
         require_path_component(token, "token")

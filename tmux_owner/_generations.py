@@ -20,6 +20,7 @@ from ._common import (
     SCHEMA_VERSION,
     InvalidRecordError,
     TmuxOwnerError,
+    as_invalid_record,
     dumps,
     has_exact_keys,
     is_record,
@@ -60,10 +61,8 @@ class GenerationRecord:
         """Accept exactly the seed's four-key generation record."""
         if not is_record(value) or not has_exact_keys(value, GENERATION_KEYS):
             raise InvalidRecordError(cls.__name__)
-        try:
+        with as_invalid_record(cls.__name__):
             return cls(**value)
-        except (TypeError, ValueError) as error:
-            raise InvalidRecordError(cls.__name__) from error
 
     def to_json(self) -> dict[str, Any]:
         """The record in the seed's key order."""
@@ -242,7 +241,7 @@ def _publish(
             intent = read_json_record(prior.intent_file)
             if intent is not None and intent.get("state") == "pending":
                 with contextlib.suppress(OSError):
-                    os.rename(prior.intent_file, f"{prior.intent_file}.invalidated")
+                    os.rename(prior.intent_file, prior.retired_intent_file(".invalidated"))
         return generation
 
 
@@ -278,15 +277,13 @@ class PublishGenerationRequest:
             or value["op"] != "publish_generation"
         ):
             raise InvalidRecordError(cls.__name__)
-        try:
+        with as_invalid_record(cls.__name__):
             return cls(
                 session_id=value["session_id"],
                 owner_generation=value["owner_generation"],
                 state_dir=value["state_dir"],
                 baseline=OwnerGenerationBaseline.from_json(value["baseline"]),
             )
-        except (TypeError, ValueError) as error:
-            raise InvalidRecordError(cls.__name__) from error
 
     def to_json(self) -> dict[str, Any]:
         """The request in the seed's key order."""
@@ -317,10 +314,8 @@ class PublishGenerationResult:
             or value["code"] != "generation_published"
         ):
             raise InvalidRecordError(cls.__name__)
-        try:
+        with as_invalid_record(cls.__name__):
             return cls(value["generation"])
-        except (TypeError, ValueError) as error:
-            raise InvalidRecordError(cls.__name__) from error
 
     def to_json(self) -> dict[str, Any]:
         """The result in the seed's key order."""

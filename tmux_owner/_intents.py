@@ -17,6 +17,7 @@ from ._common import (
     SCHEMA_VERSION,
     InvalidRecordError,
     TmuxOwnerError,
+    as_invalid_record,
     has_exact_keys,
     is_record,
     js_number,
@@ -84,10 +85,8 @@ class OwnerIntent:
         ):
             raise InvalidRecordError(cls.__name__)
         fields = {key: item for key, item in value.items() if key != "expected_terminal"}
-        try:
+        with as_invalid_record(cls.__name__):
             return cls(**fields)
-        except (TypeError, ValueError) as error:
-            raise InvalidRecordError(cls.__name__) from error
 
     def to_json(self) -> dict[str, Any]:
         """The intent in the seed's key order."""
@@ -135,10 +134,7 @@ def create_owner_intent(
         raise TmuxOwnerError("owner_intent_invalid") from error
     paths = lifecycle_paths(state_dir, session_id, generation)
     ensure_directory(paths.root)
-    candidates = [
-        paths.intent_file,
-        *(paths.intent_file.with_name(paths.intent_file.name + s) for s in INTENT_MARKER_SUFFIXES),
-    ]
+    candidates = [paths.intent_file, *(paths.retired_intent_file(suffix) for suffix in INTENT_MARKER_SUFFIXES)]
     if any(exists_no_follow(candidate) for candidate in candidates):
         raise TmuxOwnerError("owner_intent_replay")
     if not publish_exclusive(paths.intent_file, intent.to_json()):

@@ -24,6 +24,7 @@ from ._common import (
     MAX_LINE_BYTES,
     SCHEMA_VERSION,
     InvalidRecordError,
+    as_invalid_record,
     current_ms,
     dumps,
     has_only_keys,
@@ -36,6 +37,7 @@ from ._common import (
     js_trim,
     loads,
     non_empty,
+    refuse_unless,
     safe_diagnostic,
 )
 from ._files import ensure_directory, lifecycle_paths, publish_exclusive
@@ -122,31 +124,10 @@ def is_valid_argv(argv: object) -> bool:
 # --- records ----------------------------------------------------------------------------
 
 
-def _non_empty(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not non_empty(value):
-        raise InvalidRecordError(attribute.name)
-
-
-def _path_component(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not is_safe_path_component(value):
-        raise InvalidRecordError(attribute.name)
-
-
-def _argv(_instance: object, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
-    if not is_valid_argv(list(value)):
-        raise InvalidRecordError(attribute.name)
-
-
-def _is_bool(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, bool):
-        raise InvalidRecordError(attribute.name)
-
-
-def _build(cls: type, what: str, **fields: Any) -> Any:
-    try:
-        return cls(**fields)
-    except (TypeError, ValueError) as error:
-        raise InvalidRecordError(what) from error
+_non_empty = refuse_unless(non_empty)
+_path_component = refuse_unless(is_safe_path_component)
+_argv = refuse_unless(lambda value: is_valid_argv(list(value)))
+_is_bool = refuse_unless(lambda value: isinstance(value, bool))
 
 
 def _record(value: object, keys: Sequence[str], what: str) -> dict[str, Any]:
@@ -255,7 +236,9 @@ class PlanRequest:
         ):
             raise InvalidRecordError(cls.__name__)
         fields = {key: record[key] for key in cls.KEYS[2:9]}
-        return _build(cls, cls.__name__, **fields, baseline=_baseline(record["baseline"]))
+        baseline = _baseline(record["baseline"])
+        with as_invalid_record(cls.__name__):
+            return cls(**fields, baseline=baseline)
 
     def to_json(self) -> dict[str, Any]:
         """The request in the seed's key order."""
@@ -301,7 +284,9 @@ class AttemptCapability:
         if set(record) != set(cls.KEYS):
             raise InvalidRecordError(cls.__name__)
         fields = {key: record[key] for key in cls.KEYS if key != "baseline"}
-        return _build(cls, cls.__name__, **fields, baseline=_baseline(record["baseline"]))
+        baseline = _baseline(record["baseline"])
+        with as_invalid_record(cls.__name__):
+            return cls(**fields, baseline=baseline)
 
     def to_json(self) -> dict[str, Any]:
         """The capability in the seed's key order."""
@@ -336,14 +321,13 @@ class PersistedAttempt:
         if set(record) != set(cls.KEYS) or not is_schema_one(record["schema_version"]):
             raise InvalidRecordError(cls.__name__)
         attempt = AttemptCapability.from_json({key: record[key] for key in AttemptCapability.KEYS})
-        return _build(
-            cls,
-            cls.__name__,
-            generation=record["generation"],
-            session_id=record["session_id"],
-            attempt=attempt,
-            created_at=record["created_at"],
-        )
+        with as_invalid_record(cls.__name__):
+            return cls(
+                generation=record["generation"],
+                session_id=record["session_id"],
+                attempt=attempt,
+                created_at=record["created_at"],
+            )
 
     def to_json(self) -> dict[str, Any]:
         """``{schema_version, generation, session_id, ...attempt, created_at}`` as the seed writes it."""
@@ -465,7 +449,8 @@ class PlanFailure:
             raise InvalidRecordError(cls.__name__)
         if not isinstance(record["diagnostic"], str):
             raise InvalidRecordError(cls.__name__)
-        return _build(cls, cls.__name__, code=record["code"], diagnostic=record["diagnostic"])
+        with as_invalid_record(cls.__name__):
+            return cls(code=record["code"], diagnostic=record["diagnostic"])
 
     def to_json(self) -> dict[str, Any]:
         """The response in the seed's key order."""

@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from ._common import TmuxOwnerError, dumps, is_safe_integer, loads
+from ._common import TmuxOwnerError, dumps, is_safe_integer, loads, non_empty
 from ._files import lifecycle_paths
 from ._generations import OwnerGenerationBaseline
 from ._recovery_fs import RecoveryFsRoot
@@ -51,12 +51,8 @@ def _string(value: Any) -> bool:
     return isinstance(value, str)
 
 
-def _non_empty(value: Any) -> bool:
-    return isinstance(value, str) and len(value) > 0
-
-
 def _command_digest(command: Any) -> str:
-    if isinstance(command, list) and command and all(_non_empty(item) for item in command):
+    if isinstance(command, list) and command and all(non_empty(item) for item in command):
         return hashlib.sha256(dumps(command).encode("utf-8")).hexdigest()
     return ""
 
@@ -85,8 +81,8 @@ def _valid_pair(binding: Any, receipt: Any, generation: str, session_id: str, to
         _number_equal(binding.get("schema_version"), 2)
         and binding.get("generation") == generation
         and binding.get("session_id") == session_id
-        and _non_empty(binding.get("run_id"))
-        and _non_empty(binding.get("endpoint_incarnation"))
+        and non_empty(binding.get("run_id"))
+        and non_empty(binding.get("endpoint_incarnation"))
         and binding.get("child_token") == token
         and _string(binding.get("command_sha256"))
         and binding["command_sha256"] == command_sha256

@@ -195,20 +195,10 @@ class RecoveryFsRoot:
             raise _Refusal("hard_link")
         if entry.st_size > limit:
             raise _Refusal("content_too_large")
-        first = _open_file(parent, name, entry)
-        try:
-            data, digest = _read_all(first, limit)
-            after = os.fstat(first)
-        finally:
-            os.close(first)
+        data, digest, after = _read_once(parent, name, entry, limit)
         if not _unchanged(entry, after) or len(data) != after.st_size:
             raise _Refusal("identity_mismatch")
-        second = _open_file(parent, name, entry)
-        try:
-            again, again_digest = _read_all(second, limit)
-            final = os.fstat(second)
-        finally:
-            os.close(second)
+        again, again_digest, final = _read_once(parent, name, entry, limit)
         if again_digest != digest or again != data or not _unchanged(entry, final):
             raise _Refusal("identity_mismatch")
         identity = FileIdentity(
@@ -237,6 +227,16 @@ def _open_file(parent: int, name: str, entry: os.stat_result) -> int:
         os.close(fd)
         raise _Refusal("identity_mismatch")
     return fd
+
+
+def _read_once(parent: int, name: str, entry: os.stat_result, limit: int) -> tuple[bytes, str, os.stat_result]:
+    """Open ``name`` as the file ``entry`` names, read it whole, and stat it again before closing."""
+    fd = _open_file(parent, name, entry)
+    try:
+        data, digest = _read_all(fd, limit)
+        return data, digest, os.fstat(fd)
+    finally:
+        os.close(fd)
 
 
 def open_recovery_fs_root(path: str | os.PathLike[str]) -> RecoveryFsRoot:

@@ -14,7 +14,7 @@ import os
 import threading
 from collections.abc import Mapping
 from concurrent.futures import Future
-from typing import Any, Final, Literal, Self
+from typing import Any, Final, Literal, Self, TypeGuard
 
 import attrs
 
@@ -22,6 +22,7 @@ from ._common import (
     SCHEMA_VERSION,
     InvalidRecordError,
     TmuxOwnerError,
+    as_invalid_record,
     dumps,
     has_exact_keys,
     has_only_keys,
@@ -87,6 +88,16 @@ def _exit_code(_instance: object, attribute: attrs.Attribute[Any], value: Any) -
     require(value is None or is_safe_integer(value), f"{attribute.name} must be null or a safe integer")
 
 
+def _has_keys(value: object, keys: tuple[str, ...], *, optional: str) -> TypeGuard[dict[str, Any]]:
+    """An object with every key of ``keys`` and no other, where ``optional`` may be absent but never null."""
+    return (
+        is_record(value)
+        and has_only_keys(value, keys)
+        and all(key in value for key in keys if key != optional)
+        and (optional not in value or value[optional] is not None)
+    )
+
+
 _OBSERVE_KEYS = (
     "schema_version",
     "op",
@@ -127,21 +138,15 @@ class ObserveTerminalRequest:
     @classmethod
     def from_json(cls, value: object) -> Self:
         """Accept the seed's ``isObserveTerminalRequest`` shape."""
-        required = [key for key in _OBSERVE_KEYS if key != "operator_dispatch_id"]
         if (
-            not is_record(value)
-            or not has_only_keys(value, _OBSERVE_KEYS)
-            or not all(key in value for key in required)
+            not _has_keys(value, _OBSERVE_KEYS, optional="operator_dispatch_id")
             or not is_schema_one(value["schema_version"])
             or value["op"] != "observe_terminal"
-            or ("operator_dispatch_id" in value and value["operator_dispatch_id"] is None)
         ):
             raise InvalidRecordError(cls.__name__)
         fields = {key: item for key, item in value.items() if key not in ("schema_version", "op")}
-        try:
+        with as_invalid_record(cls.__name__):
             return cls(**fields)
-        except (TypeError, ValueError) as error:
-            raise InvalidRecordError(cls.__name__) from error
 
     def to_json(self) -> dict[str, Any]:
         """The request in the seed's key order; ``operator_dispatch_id`` only when present."""
@@ -234,18 +239,10 @@ class OwnerVerdict:
     @classmethod
     def from_json(cls, value: object) -> Self:
         """Accept only what the seed's ``isValidOwnerVerdict`` accepts (``intent_id`` optional, never null)."""
-        required = [key for key in _VERDICT_KEYS if key != "intent_id"]
-        if (
-            not is_record(value)
-            or not has_only_keys(value, _VERDICT_KEYS)
-            or not all(key in value for key in required)
-            or ("intent_id" in value and value["intent_id"] is None)
-        ):
+        if not _has_keys(value, _VERDICT_KEYS, optional="intent_id"):
             raise InvalidRecordError(cls.__name__)
-        try:
+        with as_invalid_record(cls.__name__):
             return cls(**value)
-        except (TypeError, ValueError) as error:
-            raise InvalidRecordError(cls.__name__) from error
 
     def to_json(self) -> dict[str, Any]:
         """The verdict in the seed's key order; ``intent_id`` only for an expected shutdown."""
@@ -310,10 +307,8 @@ class OwnerIncident:
         """Accept exactly the six incident keys with valid values."""
         if not is_record(value) or not has_exact_keys(value, cls._KEYS):
             raise InvalidRecordError(cls.__name__)
-        try:
+        with as_invalid_record(cls.__name__):
             return cls(**value)
-        except (TypeError, ValueError) as error:
-            raise InvalidRecordError(cls.__name__) from error
 
     def to_json(self) -> dict[str, Any]:
         """The incident in the seed's key order."""
@@ -515,7 +510,7 @@ def _publish_incident(paths: LifecyclePaths, incident: OwnerIncident) -> None:
 
 
 def _consume_intent(paths: LifecyclePaths, observation: ObserveTerminalRequest) -> None:
-    consumed = paths.intent_file.with_name(paths.intent_file.name + ".consumed")
+    consumed = paths.retired_intent_file(".consumed")
     try:
         os.rename(paths.intent_file, consumed)
     except FileNotFoundError:
@@ -544,7 +539,7 @@ def _reconcile(paths: LifecyclePaths, verdict: OwnerVerdict) -> OwnerVerdict:
         intent = read_json_record(paths.intent_file)
         if intent is not None and intent.get("intent_id") == verdict.intent_id:
             try:
-                os.rename(paths.intent_file, paths.intent_file.with_name(paths.intent_file.name + ".consumed"))
+                os.rename(paths.intent_file, paths.retired_intent_file(".consumed"))
             except OSError as error:
                 raise TmuxOwnerError("owner_intent_consumption_failed") from error
     if verdict.classification == UNEXPECTED:
