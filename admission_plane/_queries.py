@@ -172,6 +172,9 @@ SELECT_EXPIRED = Statement(
     .where(R.state == lit(S.QUEUED), R.deadline_at <= P("now"))
     .order_by(R.request_id)
 )
+ANY_EXPIRED = Statement(
+    select(literal_column("1")).where(R.state == lit(S.QUEUED), R.deadline_at <= P("now")).limit(1)
+)
 TIME_OUT_REQUEST = Statement(
     update(R)
     .where(R.request_id == P("request_id"), R.state == lit(S.QUEUED))

@@ -342,17 +342,21 @@ class AdmissionPlane:
         v.timestamp(now, "payload read timestamp")
         key = self._require_encryption_key()
 
-        def work(tx: Tx) -> Sequence[Any] | None:
+        def read(tx: Tx) -> Sequence[Any]:
             row = tx.one(q.SELECT_PAYLOAD, {"request_id": request_id})
             if row is None:
                 raise AdmissionStateError("no payload is available")
-            if row[5] <= now:
-                tx.execute(q.DELETE_PAYLOAD, {"request_id": request_id})
-                return None
             return row
 
-        row = self._run(work)
-        if row is None:
+        def delete_expired(tx: Tx) -> None:
+            row = read(tx)
+            if row[5] <= now:
+                tx.execute(q.DELETE_PAYLOAD, {"request_id": request_id})
+
+        # Read without the write lock; only an expired payload needs a writing transaction.
+        row = self._run(read, read_only=True)
+        if row[5] <= now:
+            self._run(delete_expired)
             raise PayloadExpiredError()
         nonce, ciphertext, auth_tag, key_version, fingerprint_hex, _expires_at = row
         if fingerprint_hex is None:
@@ -396,6 +400,8 @@ class AdmissionPlane:
             candidate = self._select_candidate(tx, now)
             return None if candidate is None else self._reserve(tx, candidate, now, owner_instance_id)
 
+        if not self._admission_may_write(now, None):
+            return None
         return self._run(work)
 
     def admit_request(self, request_id: str, now: int, owner_instance_id: str) -> AdmittedLease | None:
@@ -413,7 +419,28 @@ class AdmissionPlane:
                 return None
             return self._reserve(tx, candidate, now, owner_instance_id)
 
+        if not self._admission_may_write(now, request_id):
+            return None
         return self._run(work)
+
+    def _admission_may_write(self, now: int, request_id: str | None) -> bool:
+        """Whether an admission attempt at ``now`` could change anything.
+
+        A read-only look first: with nothing to time out and no admission possible (no
+        capacity, no candidate, or another request chosen), the attempt is a no-op, so
+        waiting connectors poll without taking the write lock. The writing transaction
+        re-checks everything, so this is only an optimisation, never a decision.
+        """
+
+        def look(tx: Tx) -> bool:
+            if tx.one(q.ANY_EXPIRED, {"now": now}) is not None:
+                return True
+            if not self._has_dispatch_capacity(tx, now):
+                return False
+            candidate = self._select_candidate(tx, now)
+            return candidate is not None and (request_id is None or candidate[0] == request_id)
+
+        return self._run(look, read_only=True)
 
     def get_queue_snapshot(self, request_id: str, now: int) -> QueueSnapshot | None:
         """Where a queued request stands; ``None`` if it is unknown, not queued or has no payload."""
