@@ -16,6 +16,7 @@ from typing import Any, Literal, Self
 
 import attrs
 
+from ._argv import is_native_session_id, is_valid_argv, tmux_attempt_session, tmux_control_argv
 from ._cgroup import classify_cgroup
 from ._common import (
     SCHEMA_VERSION,
@@ -28,25 +29,12 @@ from ._common import (
     parse_js_date_ms,
     refuse_unless,
 )
+from ._execute import SpawnResult, is_exact_scoped_bootstrap_success_receipt
 from ._files import GENERATION_LOCK_WAIT_MS, LifecyclePaths, acquire_lock, lifecycle_paths, read_json_record
 from ._generations import OwnerGenerationBaseline, capture_owner_generation_baseline
-from ._plan import (
-    ATTEMPT_LIFETIME_MS,
-    AttemptCapability,
-    PersistedAttempt,
-    SpawnResult,
-    TmuxProbe,
-    TmuxServerProof,
-    is_exact_scoped_bootstrap_success_receipt,
-    is_native_session_id,
-    is_safe_server_proof,
-    is_valid_argv,
-    read_proc_cgroup,
-    run_argv,
-    tmux_attempt_session,
-    tmux_control_argv,
-    write_attempt,
-)
+from ._plan import ATTEMPT_LIFETIME_MS
+from ._plan_records import AttemptCapability, PersistedAttempt, TmuxServerProof, is_safe_server_proof, write_attempt
+from ._tmux import TmuxProbe, read_proc_cgroup, run_argv
 
 __all__ = [
     "BootstrapDependencies",

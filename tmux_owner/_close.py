@@ -21,7 +21,7 @@ from ._files import GENERATION_LOCK_WAIT_MS, acquire_lock, lifecycle_paths, read
 from ._generations import is_current_owner_generation
 from ._intents import create_owner_intent
 from ._procstat import read_linux_proc_start_time
-from ._verdicts import EXPECTED, OwnerVerdict
+from ._verdict_records import EXPECTED, OwnerVerdict
 
 VERDICT_POLL_SECONDS = 0.05
 

@@ -13,8 +13,11 @@ from typing import Any
 from ._bootstrap import BootstrapDependencies, BootstrapRequest, bootstrap_owner_isolation, real_bootstrap_dependencies
 from ._common import MAX_LINE_BYTES, SCHEMA_VERSION, dumps, loads, utf8_length
 from ._generations import PublishGenerationRequest, publish_owner_generation
-from ._plan import OwnerIsolationProbe, PlanRequest, TmuxProbe, plan_owner_isolation
-from ._verdicts import ObserveTerminalRequest, observe_owner_terminal
+from ._plan import OwnerIsolationProbe, plan_owner_isolation
+from ._plan_records import PlanRequest
+from ._tmux import TmuxProbe
+from ._verdict_records import ObserveTerminalRequest
+from ._verdicts import observe_owner_terminal
 
 Request = PlanRequest | BootstrapRequest | PublishGenerationRequest | ObserveTerminalRequest
 _REQUEST_TYPES: tuple[type[Request], ...] = (

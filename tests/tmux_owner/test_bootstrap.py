@@ -22,18 +22,13 @@ import attrs
 import pytest
 
 from tmux_owner import _bootstrap
-from tmux_owner._bootstrap import (
-    BootstrapDependencies,
-    BootstrapRequest,
-    BootstrapResult,
-    bootstrap_owner_isolation,
-    is_exact_scoped_bootstrap_success_receipt,
-    write_attempt,
-)
+from tmux_owner._bootstrap import BootstrapDependencies, BootstrapRequest, BootstrapResult, bootstrap_owner_isolation
 from tmux_owner._cgroup import CgroupInfo
-from tmux_owner._common import TmuxOwnerError, dumps, iso_now
+from tmux_owner._common import TmuxOwnerError, current_ms, dumps, iso_now
+from tmux_owner._execute import SpawnResult, is_exact_scoped_bootstrap_success_receipt
 from tmux_owner._generations import capture_owner_generation_baseline, replace_owner_generation
-from tmux_owner._plan import AttemptCapability, SpawnResult, TmuxProbe, TmuxServerProof, current_ms, run_argv
+from tmux_owner._plan_records import AttemptCapability, TmuxServerProof, write_attempt
+from tmux_owner._tmux import TmuxProbe, run_argv
 
 NOW = 1_767_225_600_000
 SAFE = TmuxServerProof("safe", 1, "1", CgroupInfo("safe", scope="/"))

@@ -26,7 +26,8 @@ from tmux_owner._close import (
 from tmux_owner._common import TmuxOwnerError, iso_now
 from tmux_owner._generations import replace_owner_generation
 from tmux_owner._intents import create_owner_intent
-from tmux_owner._verdicts import OwnerVerdict, observe_owner_terminal
+from tmux_owner._verdict_records import OwnerVerdict
+from tmux_owner._verdicts import observe_owner_terminal
 
 SESSION = "session"
 GENERATION = "generation"

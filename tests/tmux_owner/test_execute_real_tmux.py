@@ -17,27 +17,17 @@ import attrs
 import pytest
 
 from tmux_owner._cgroup import classify_cgroup
+from tmux_owner._execute import ExecutionDependencies, ExecutionFailure, ExecutionSuccess, SpawnResult, execute_plan
 from tmux_owner._generations import (
     OwnerGenerationBaseline,
     capture_owner_generation_baseline,
     is_owner_generation_baseline_current,
     replace_owner_generation,
 )
-from tmux_owner._plan import (
-    DirectExecution,
-    ExecutionDependencies,
-    ExecutionFailure,
-    ExecutionSuccess,
-    PlanFailure,
-    PlanSuccess,
-    SpawnResult,
-    TmuxProbe,
-    execute_plan,
-    kill_spawned_session,
-    plan_owner_isolation,
-    spawn_tmux,
-)
+from tmux_owner._plan import plan_owner_isolation
+from tmux_owner._plan_records import DirectExecution, PlanFailure, PlanSuccess
 from tmux_owner._procstat import parse_linux_proc_start_time
+from tmux_owner._tmux import TmuxProbe, kill_spawned_session, spawn_tmux
 
 pytestmark = pytest.mark.tmux
 

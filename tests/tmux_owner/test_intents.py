@@ -12,7 +12,7 @@ import pytest
 
 from tmux_owner._common import InvalidRecordError, TmuxOwnerError, parse_timestamp_ms
 from tmux_owner._intents import OwnerIntent, create_owner_intent
-from tmux_owner._verdicts import ObserveTerminalRequest, is_valid_owner_intent
+from tmux_owner._verdict_records import ObserveTerminalRequest, is_valid_owner_intent
 
 SESSION = "session"
 GENERATION = "generation"

@@ -12,21 +12,17 @@ import pytest
 
 from tmux_owner._cgroup import CgroupInfo
 from tmux_owner._common import dumps, safe_diagnostic
+from tmux_owner._execute import ExecutionDependencies, ExecutionFailure, ExecutionSuccess, SpawnResult, execute_plan
 from tmux_owner._generations import OwnerGenerationBaseline, replace_owner_generation
-from tmux_owner._plan import (
+from tmux_owner._plan import plan_owner_isolation
+from tmux_owner._plan_records import (
     AttemptCapability,
     DirectExecution,
-    ExecutionDependencies,
-    ExecutionFailure,
-    ExecutionSuccess,
     PlanFailure,
     PlanRequest,
     PlanSuccess,
-    SpawnResult,
     TmuxServerProof,
-    execute_plan,
     is_safe_server_proof,
-    plan_owner_isolation,
     same_server_identity,
 )
 

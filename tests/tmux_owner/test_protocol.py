@@ -11,9 +11,9 @@ import pytest
 from tmux_owner._bootstrap import BootstrapRequest
 from tmux_owner._common import dumps
 from tmux_owner._generations import PublishGenerationRequest
-from tmux_owner._plan import PlanFailure, PlanRequest
+from tmux_owner._plan_records import PlanFailure, PlanRequest
 from tmux_owner._protocol import handle_request, parse_request, read_one_line, run_protocol, serialize_response
-from tmux_owner._verdicts import ObserveTerminalRequest
+from tmux_owner._verdict_records import ObserveTerminalRequest
 
 PLAN: dict[str, Any] = {
     "schema_version": 1,

@@ -20,7 +20,8 @@ from tmux_owner._generations import (
     replace_owner_generation,
 )
 from tmux_owner._intents import OwnerIntent, create_owner_intent
-from tmux_owner._verdicts import ObserveTerminalRequest, OwnerIncident, OwnerVerdict, observe_owner_terminal
+from tmux_owner._verdict_records import ObserveTerminalRequest, OwnerIncident, OwnerVerdict
+from tmux_owner._verdicts import observe_owner_terminal
 
 AWKWARD = 'séance-✓ "q" \\ \x01 \u2028 😀'
 RECORD = GenerationRecord(generation="g1", session_id="s1", published_at="2026-01-01T00:00:00.000Z")

@@ -14,13 +14,8 @@ from tmux_owner import _verdicts
 from tmux_owner._common import InvalidRecordError, TmuxOwnerError
 from tmux_owner._generations import replace_owner_generation
 from tmux_owner._intents import create_owner_intent
-from tmux_owner._verdicts import (
-    ObserveTerminalRequest,
-    OwnerIncident,
-    OwnerVerdict,
-    is_valid_owner_verdict,
-    observe_owner_terminal,
-)
+from tmux_owner._verdict_records import ObserveTerminalRequest, OwnerIncident, OwnerVerdict, is_valid_owner_verdict
+from tmux_owner._verdicts import observe_owner_terminal
 
 SESSION = "session"
 GENERATION = "generation"
