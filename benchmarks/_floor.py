@@ -54,10 +54,12 @@ class FloorConnector:
         path: str | os.PathLike[str],
         connector: ConnectorIdentity,
         child: ProcessIdentity,
+        host_id: str,
         trace: Callable[[str], object] | None = None,
     ) -> None:
         self.connection = connect(path)
         self.owner = connector.owner_instance_id
+        self.host_id = host_id
         process = connector.process
         self._owner_values = {
             "owner_instance_id": connector.owner_instance_id, "created_at": connector.created_at,
@@ -125,7 +127,7 @@ class FloorConnector:
         self._journal("request_enqueued", "absent", "queued", now)
         assert self._one(q.SELECT_REQUEST_STATE, {"request_id": request_id})[0] == "queued"
         if self._one(q.SELECT_QUEUED_OWNER, {"owner_instance_id": self.owner}) is None:
-            self._execute(q.INSERT_QUEUED_OWNER, {**self._owner_values, "now": now})
+            self._execute(q.INSERT_QUEUED_OWNER, {**self._owner_values, "now": now, "host_id": self.host_id})
         assert self._one(q.SELECT_REQUEST_STATE, {"request_id": request_id})[1] is None
         assert self._execute(q.BIND_QUEUED_OWNER, {"request_id": request_id, "owner_instance_id": self.owner,
                                                    "now": now}) == 1
@@ -193,7 +195,7 @@ class FloorConnector:
         fence = {"lease_id": lease_id, "owner_instance_id": self.owner, "generation": generation}
         assert self._execute(q.LEASE_TO_DISPATCH_INTENT, {**fence, "now": now}) == 1
         values = (request_id, generation, self.owner, *self._identity_tail)
-        self._execute(q.INSERT_IDENTITY, {"lease_id": lease_id, "now": now,
+        self._execute(q.INSERT_IDENTITY, {"lease_id": lease_id, "now": now, "host_id": self.host_id,
                                           **dict(zip(q.IDENTITY_COLUMN_NAMES, values, strict=True))})
         assert self._execute(q.REQUEST_TO_DISPATCH_INTENT, {"request_id": request_id, "generation": generation}) == 1
         self._journal("request_dispatch_intent", "starting", "dispatch_intent", now)

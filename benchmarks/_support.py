@@ -40,6 +40,11 @@ RAW_COMMITS = 20 if QUICK else 3000
 DEPTHS = (100, 1_000, 10_000)
 DEPTH_ROUNDS = 3 if QUICK else 200
 CONTENTION_PROCESSES = (1, 2, 4, 8)
+CONTENTION_HOLDS_MS = (0, 50)
+#: (processes, hold ms) cases; the quick mode keeps one without hold and one where the seat limit binds.
+CONTENTION_CASES = (
+    ((2, 0), (8, 50)) if QUICK else tuple((p, hold) for hold in CONTENTION_HOLDS_MS for p in CONTENTION_PROCESSES)
+)
 CONTENTION_SECONDS = 0.5 if QUICK else 5.0
 #: Transactions of one full turn: enqueue, admit, starting, dispatch intent, active, completed.
 TRANSACTIONS_PER_TURN = 6

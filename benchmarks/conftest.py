@@ -112,10 +112,12 @@ def compute_ratios() -> dict[str, Any]:
     faults = sum(run["transaction_faults"] for run in runs) if runs else None
     peak = max(run["max_seats"] for run in runs) if runs else None
     targets = {
-        "lifecycle_disk_vs_floor": {"value": _ratio(ours_disk, floor_disk), "target": ">= 0.60"},
+        "lifecycle_disk_vs_floor": {"value": _get("paired.disk.ratio_median"), "target": ">= 0.60"},
         "lifecycle_disk_vs_original": {"value": _ratio(ours_disk, ORIGINAL_TURNS_PER_S_DISK), "target": "> 1.00"},
+        # The fastest round estimates an operation's own cost on a machine shared with other
+        # work; a median of a few hundred ~1 ms rounds still moves by 2x with the neighbours.
         "depth_admit_next_10000_vs_100": {
-            "value": _ratio(_get("depth.admit_next.10000.median_us"), _get("depth.admit_next.100.median_us")),
+            "value": _ratio(_get("depth.admit_next.10000.min_us"), _get("depth.admit_next.100.min_us")),
             "target": "<= 2.00",
         },
         "contention_P8_vs_P1": {"value": _ratio(p8, p1), "target": ">= 0.80"},
@@ -135,6 +137,8 @@ def compute_ratios() -> dict[str, Any]:
     for name, entry in targets.items():
         entry["met"] = None if entry["value"] is None else bool(checks[name](entry["value"]))
     info = {
+        "lifecycle_disk_vs_floor_separate_runs": _ratio(ours_disk, floor_disk),
+        "lifecycle_tmpfs_vs_floor_paired": _get("paired.tmpfs.ratio_median"),
         "lifecycle_tmpfs_vs_original": _ratio(_get("lifecycle.tmpfs.turns_per_s_median"), ORIGINAL_TURNS_PER_S_TMPFS),
         "lifecycle_tmpfs_vs_floor_tmpfs": _ratio(
             _get("lifecycle.tmpfs.turns_per_s_median"), _get("floor.tmpfs.turns_per_s_median")
@@ -142,7 +146,13 @@ def compute_ratios() -> dict[str, Any]:
         "disk_ceiling_turns_per_s": None if commits is None else commits / TRANSACTIONS_PER_TURN,
         "lifecycle_disk_vs_ceiling": _ratio(ours_disk, None if commits is None else commits / TRANSACTIONS_PER_TURN),
         "floor_disk_vs_ceiling": _ratio(floor_disk, None if commits is None else commits / TRANSACTIONS_PER_TURN),
+        "depth_admit_next_10000_vs_100_median": _ratio(
+            _get("depth.admit_next.10000.median_us"), _get("depth.admit_next.100.median_us")
+        ),
         "depth_admit_request_10000_vs_100": _ratio(
+            _get("depth.admit_request.10000.min_us"), _get("depth.admit_request.100.min_us")
+        ),
+        "depth_admit_request_10000_vs_100_median": _ratio(
             _get("depth.admit_request.10000.median_us"), _get("depth.admit_request.100.median_us")
         ),
         "contention_hold50_P8_vs_P1": _ratio(

@@ -50,8 +50,8 @@ def test_floor_turns(benchmark, storage: tuple[str, Path], child_identity: Proce
     name, folder = storage
     path = migrated(folder / "floor.sqlite")
     with open_plane(path) as plane:
-        connector = plane.owner_identity
-    run = _FloorRun(FloorConnector(path, connector, child_identity))
+        connector, host_id = plane.owner_identity, plane.host_id
+    run = _FloorRun(FloorConnector(path, connector, child_identity, host_id))
     try:
         for _ in range(0 if QUICK else 20):
             run.turn()
@@ -136,9 +136,9 @@ def test_floor_issues_the_service_statements(
         driver.turn()
         dbapi.set_trace_callback(None)
         monkeypatch.undo()
-        connector = plane.owner_identity
+        connector, host_id = plane.owner_identity, plane.host_id
     floor_trace: list[str] = []
-    floor = FloorConnector(floor_path, connector, child_identity, trace=floor_trace.append)
+    floor = FloorConnector(floor_path, connector, child_identity, host_id, trace=floor_trace.append)
     try:
         floor.turn("shape-1", 1_000_000)
         floor_trace.clear()
@@ -151,3 +151,45 @@ def test_floor_issues_the_service_statements(
         floor.close()
     assert service_trace.count("BEGIN IMMEDIATE") == 6
     assert floor_trace == service_trace
+
+
+def test_paired_lifecycle_and_floor(benchmark, storage: tuple[str, Path], child_identity: ProcessIdentity) -> None:
+    """Service turns and floor turns alternate on two files side by side, so both see the same disk and load.
+
+    On a shared, noisy machine the ratio of two benchmarks run minutes apart mostly
+    measures the neighbours; alternating one turn of each gives the honest ratio.
+    """
+    name, folder = storage
+    ours_path, floor_path = migrated(folder / "paired-ours.sqlite"), migrated(folder / "paired-floor.sqlite")
+    with open_plane(ours_path) as plane:
+        driver = TurnDriver(plane, child_identity, f"paired-{name}")
+        run = _FloorRun(FloorConnector(floor_path, plane.owner_identity, child_identity, plane.host_id))
+        try:
+            def pair() -> None:
+                driver.turn()
+                run.turn()
+
+            for _ in range(0 if QUICK else 20):
+                pair()
+            driver.turn_times.clear()
+            run.times.clear()
+            benchmark.pedantic(pair, rounds=FLOOR_TURNS, iterations=1)
+            while len(run.times) < FLOOR_TURNS:
+                pair()
+        finally:
+            run.floor.close()
+    assert request_states(ours_path) == {"completed": driver.count}
+    assert request_states(floor_path) == {"completed": run.count}
+    ours, floor = driver.figures(), summary(run.times)
+    figures = {
+        "turns": floor["count"],
+        "ours_turns_per_s_median": ours["turns_per_s_median"],
+        "floor_turns_per_s_median": 1.0 / floor["median_s"],
+        "ours_turns_per_s_total": ours["turns_per_s_total"],
+        "floor_turns_per_s_total": floor["count"] / sum(run.times),
+        "ours_op_median_us": ours["op_median_us"],
+    }
+    figures["ratio_median"] = figures["ours_turns_per_s_median"] / figures["floor_turns_per_s_median"]
+    figures["ratio_total"] = figures["ours_turns_per_s_total"] / figures["floor_turns_per_s_total"]
+    benchmark.extra_info.update(figures)
+    RESULTS.setdefault("paired", {})[name] = figures

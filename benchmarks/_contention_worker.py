@@ -1,0 +1,173 @@
+"""One connector process of the contention benchmark (``python -m benchmarks._contention_worker``).
+
+It opens the plane, prints ``ready``, waits for ``go`` on standard input, then for a
+fixed time enqueues its own request, waits for it with ``admit_request`` (polling), and
+drives it to completion, again and again. After the deadline it finishes the turn in
+flight (so no seat stays held) and prints one JSON line: its turns within the window, all
+its turns, and its errors by kind. Errors are counted and the operation retried; a
+dispatch intent that is not committed is abandoned (no prompt was written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from admission_plane import (
+    AdmissionBusyError,
+    AdmissionDatabaseError,
+    AdmissionError,
+    AdmissionStateError,
+    DispatchRecord,
+    LiveTurnCompletion,
+    Policy,
+)
+from admission_plane.evidence import capture
+
+T = TypeVar("T")
+RAW_KINDS = ("busy:", "database:", "sqlite3:")
+COMPLETED = LiveTurnCompletion("completed")
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _kind(error: BaseException) -> str:
+    if isinstance(error, AdmissionBusyError | AdmissionDatabaseError):
+        cause = error.__cause__
+        original = getattr(cause, "orig", cause)
+        name = getattr(original, "sqlite_errorname", type(original).__name__)
+        return f"{'busy' if isinstance(error, AdmissionBusyError) else 'database'}:{name}"
+    if isinstance(error, sqlite3.Error):
+        return f"sqlite3:{getattr(error, 'sqlite_errorname', type(error).__name__)}"
+    if isinstance(error, AdmissionStateError):
+        return f"state:{error}"
+    return f"other:{type(error).__name__}:{error}"
+
+
+class Connector:
+    """The turn loop of one process."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from admission_plane import AdmissionPlane
+        from benchmarks._support import CONTENT_KEY, ENCRYPTION_KEY
+
+        policy = Policy(*json.loads(args.policy))
+        self.plane = AdmissionPlane(
+            args.database, policy=policy, encryption_key=ENCRYPTION_KEY, content_fingerprint_key=CONTENT_KEY
+        )
+        self.index, self.hold_s, self.poll_s = args.index, args.hold_ms / 1000, args.poll_ms / 1000
+        self.owner = self.plane.owner_identity.owner_instance_id
+        self.child = capture(os.getpid())
+        self.errors: Counter[str] = Counter()
+        self.turns = 0
+        self.abandoned = 0
+        self.polls = 0
+
+    def _retry(self, call: Callable[[], T]) -> T:
+        """Run ``call``; on a counted error, try again (each operation is one atomic transaction)."""
+        while True:
+            try:
+                return call()
+            except (AdmissionError, sqlite3.Error) as error:
+                self.errors[_kind(error)] += 1
+                if isinstance(error, AdmissionStateError) and "start interval" not in str(error):
+                    raise
+                time.sleep(self.poll_s)
+
+    def turn(self) -> bool:
+        """One full turn of this process's own request; ``False`` if it had to be abandoned."""
+        plane = self.plane
+        self.turns += 1
+        request_id = f"p{self.index}-{self.turns}-{time.monotonic_ns()}"
+        self._retry(lambda: plane.enqueue_with_payload(
+            request_id=request_id, session_id=f"session-{self.index}", agent_id=f"agent-{self.index}",
+            fingerprint="fp-1", provider="antigravity", model="model-bench", now=_wall_ms(),
+            plaintext=f"prompt {request_id}", expires_at=_wall_ms() + 1_800_001,
+        ))
+        while (lease := self._retry(lambda: plane.admit_request(request_id, _wall_ms(), self.owner))) is None:
+            self.polls += 1
+            time.sleep(self.poll_s)
+        # ``now`` is read before the write lock: a start committed meanwhile by another
+        # process may carry a later ``now``; that refusal is counted and retried.
+        self._retry(lambda: plane.mark_starting(lease, _wall_ms()))
+        record = DispatchRecord(
+            request_id=request_id, lease_id=lease.lease_id, generation=lease.generation, owner_instance_id=self.owner,
+            connector=plane.owner_identity, child=self.child, prompt_channel="stdin",
+        )
+        result = plane.commit_dispatch_intent(record)
+        if not result.ok:
+            self.errors[f"dispatch:{result.reason}"] += 1
+            self._retry(lambda: plane.abandon_before_prompt(lease, _wall_ms(), "failed"))
+            self.abandoned += 1
+            return False
+        self._retry(lambda: plane.mark_active(lease, _wall_ms()))
+        if self.hold_s:
+            time.sleep(self.hold_s)
+        self._retry(lambda: plane.complete_live_turn(lease, _wall_ms(), COMPLETED))
+        return True
+
+    def warm_up(self) -> None:
+        """Compile every statement and run one turn, so the timed window sees a warm process."""
+        from admission_plane import _queries
+        from admission_plane._sql import Statement
+
+        for value in vars(_queries).values():
+            if isinstance(value, Statement):
+                value.compiled(self.plane.engine.dialect)
+        self.turn()
+        self.errors.clear()
+        self.polls = 0
+
+    def run(self, seconds: float) -> dict[str, Any]:
+        """Turns until ``seconds`` have passed, then the turn in flight; the figures of the run."""
+        in_window = 0
+        start = time.monotonic()
+        deadline = start + seconds
+        while time.monotonic() < deadline:
+            completed = self.turn()
+            if completed and time.monotonic() <= deadline:
+                in_window += 1
+        return {
+            "index": self.index,
+            "turns_in_window": in_window,
+            "turns": self.turns,
+            "abandoned": self.abandoned,
+            "admission_polls": self.polls,
+            "elapsed_s": time.monotonic() - start,
+            "errors": dict(self.errors),
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Open, report ready, wait for ``go``, run, report."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--database", required=True)
+    parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--seconds", type=float, required=True)
+    parser.add_argument("--hold-ms", type=float, default=0)
+    parser.add_argument("--poll-ms", type=float, default=1)
+    parser.add_argument("--policy", required=True, help="JSON list: the five policy integers")
+    args = parser.parse_args(argv)
+    connector = Connector(args)
+    try:
+        connector.warm_up()
+        print("ready", flush=True)
+        if sys.stdin.readline().strip() != "go":
+            return 2
+        print(json.dumps(connector.run(args.seconds)), flush=True)
+    finally:
+        connector.plane.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

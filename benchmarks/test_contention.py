@@ -1,0 +1,118 @@
+"""Dispatch contention: P connector processes on one database file for a fixed time.
+
+Each process enqueues its own requests and drives them through the whole lifecycle
+(:mod:`benchmarks._contention_worker`), with minimum start interval 0 and either no
+hold or a 50 ms hold of each seat while ``active``. The policy has 4 seats, so at P = 8
+the seat limit binds. Recorded: total turns/s in the window, errors by kind (raw SQLite
+errors reaching a caller, ``transaction_fault`` dispatch intents, retried refusals), and
+the most seat-holding and ``active`` leases ever committed at once (journal replay),
+which must never exceed the policy.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ._contention_worker import RAW_KINDS
+from ._support import (
+    CONTENTION_CASES,
+    CONTENTION_POLICY,
+    CONTENTION_SECONDS,
+    QUICK,
+    RESULTS,
+    journal_peaks,
+    migrated,
+    request_states,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+START_TIMEOUT_S = 120
+
+
+def _spawn(path: Path, processes: int, hold_ms: int) -> list[subprocess.Popen[str]]:
+    command = [
+        sys.executable, "-m", "benchmarks._contention_worker", "--database", str(path),
+        "--seconds", str(CONTENTION_SECONDS), "--hold-ms", str(hold_ms),
+        "--policy", json.dumps(list(CONTENTION_POLICY.as_tuple())),
+    ]
+    return [
+        subprocess.Popen([*command, "--index", str(index)], cwd=REPO, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+        for index in range(processes)
+    ]
+
+
+def run_contention(path: Path, processes: int, hold_ms: int) -> dict[str, Any]:
+    """Start ``processes`` workers, release them together, and gather their figures."""
+    workers = _spawn(path, processes, hold_ms)
+    try:
+        for worker in workers:
+            assert worker.stdout is not None
+            assert worker.stdout.readline().strip() == "ready"
+        for worker in workers:
+            assert worker.stdin is not None
+            worker.stdin.write("go\n")
+            worker.stdin.flush()
+        reports = []
+        for worker in workers:
+            out, _ = worker.communicate(timeout=CONTENTION_SECONDS + START_TIMEOUT_S)
+            assert worker.returncode == 0
+            reports.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+    errors: Counter[str] = Counter()
+    for report in reports:
+        errors.update(report["errors"])
+    in_window = sum(report["turns_in_window"] for report in reports)
+    return {
+        "processes": processes,
+        "hold_ms": hold_ms,
+        "seconds": CONTENTION_SECONDS,
+        "turns_in_window": in_window,
+        "turns_per_s": in_window / CONTENTION_SECONDS,
+        "turns": sum(report["turns"] for report in reports),
+        "abandoned": sum(report["abandoned"] for report in reports),
+        "admission_polls": sum(report["admission_polls"] for report in reports),
+        "errors": dict(errors),
+        "raw_errors": sum(count for kind, count in errors.items() if kind.startswith(RAW_KINDS)),
+        "transaction_faults": errors.get("dispatch:transaction_fault", 0),
+        **journal_peaks(path),
+    }
+
+
+@pytest.mark.parametrize(
+    ("processes", "hold_ms"), CONTENTION_CASES, ids=[f"P{p}-hold{h}" for p, h in CONTENTION_CASES]
+)
+def test_contention(benchmark, disk_dir: Path, processes: int, hold_ms: int) -> None:
+    """P processes share one file: every turn ends, and seats never exceed the policy."""
+    path = migrated(disk_dir / "contention.sqlite")
+    figures: dict[str, Any] = {}
+
+    def run() -> None:
+        figures.update(run_contention(path, processes, hold_ms))
+
+    started = time.perf_counter()
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    figures["wall_s"] = time.perf_counter() - started
+    benchmark.extra_info.update(figures)
+    RESULTS.setdefault("contention", {}).setdefault(f"hold{hold_ms}", {})[f"P{processes}"] = figures
+    states = request_states(path)
+    assert states.get("completed", 0) == figures["turns"] - figures["abandoned"], states
+    assert set(states) <= {"completed", "failed"}, states
+    assert figures["final_seats"] == 0
+    assert figures["max_seats"] <= CONTENTION_POLICY.max_active_turns
+    assert figures["max_active"] <= CONTENTION_POLICY.max_active_turns
+    if QUICK:
+        assert figures["raw_errors"] == 0, figures["errors"]
+        assert figures["transaction_faults"] == 0, figures["errors"]

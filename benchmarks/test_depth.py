@@ -1,0 +1,194 @@
+"""Admission cost against queue depth: ``admit_next`` and a waiting connector's ``admit_request``.
+
+The queue holds D requests with payloads (D = 100, 1 000, 10 000) from 16 agents in
+turn, three of which already hold a seat (an ``active`` turn each), so the admission rule
+has to pass over busy agents. The queue is loaded in one transaction through the
+service's own ``INSERT`` statements (sealed payloads, journal rows) to keep set-up short.
+
+* ``admit_next``: each round admits the head; between rounds (untimed) the lease is
+  abandoned and one request is queued at the tail, so the depth stays D.
+* ``admit_request``: the connector of the newest request asks for it; the rule picks the
+  head, so the answer is ``None`` and nothing changes.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.dialects import sqlite
+
+from admission_plane import AdmissionPlane, DispatchRecord
+from admission_plane import _queries as q
+from admission_plane.crypto import SecretKey, content_fingerprint, event_correlation, seal
+from admission_plane.evidence import capture
+
+from ._support import (
+    CONTENT_KEY,
+    DEPTH_ROUNDS,
+    DEPTHS,
+    ENCRYPTION_KEY,
+    RESULTS,
+    migrated,
+    open_plane,
+    summary,
+    wall_ms,
+)
+
+AGENTS = 16
+HELD_SEATS = 3
+_DIALECT = sqlite.dialect()
+
+
+def _enqueue(plane: AdmissionPlane, request_id: str, agent: int, now: int) -> None:
+    plane.enqueue_with_payload(
+        request_id=request_id, session_id="session-1", agent_id=f"agent-{agent}", fingerprint="fp-1",
+        provider="antigravity", model="model-bench", now=now, plaintext=f"prompt {request_id}",
+        expires_at=now + 1_800_001,
+    )
+
+
+def _hold_seat(plane: AdmissionPlane, request_id: str, agent: int, now: int) -> None:
+    """Queue, admit and activate one turn of ``agent`` (it keeps its seat)."""
+    _enqueue(plane, request_id, agent, now)
+    owner = plane.owner_identity.owner_instance_id
+    lease = plane.admit_request(request_id, now + 1, owner)
+    assert lease is not None
+    plane.mark_starting(lease, now + 2)
+    record = DispatchRecord(
+        request_id=request_id, lease_id=lease.lease_id, generation=lease.generation, owner_instance_id=owner,
+        connector=plane.owner_identity, child=capture(plane.owner_identity.process.pid), prompt_channel="stdin",
+    )
+    assert plane.commit_dispatch_intent(record).ok
+    plane.mark_active(lease, now + 4)
+
+
+def _bulk_queue(path: Path, depth: int, start: int) -> None:
+    """Queue ``depth`` requests (agents in turn) in one transaction with the service's statements."""
+    encryption, content = SecretKey(ENCRYPTION_KEY, "encryption"), SecretKey(CONTENT_KEY, "content")
+    requests, payloads, events = [], [], []
+    for index in range(depth):
+        request_id, now = f"queued-{index:05d}", start + index
+        plaintext = f"prompt {request_id}"
+        sealed = seal(encryption, request_id, plaintext)
+        requests.append({
+            "request_id": request_id, "session_id": "session-1", "agent_id": f"agent-{index % AGENTS}",
+            "fingerprint": "fp-1", "provider": "antigravity", "model": "model-bench", "now": now,
+            "deadline_at": now + 1_800_000,
+        })
+        payloads.append({
+            "request_id": request_id, "nonce": sealed.nonce, "ciphertext": sealed.ciphertext,
+            "auth_tag": sealed.auth_tag, "key_version": sealed.key_version,
+            "content_fingerprint": content_fingerprint(content, request_id, plaintext),
+            "expires_at": now + 1_800_001, "now": now,
+        })
+        events.append({"kind": "request_enqueued", "from_state": "absent", "to_state": "queued", "now": now,
+                       "correlation_hmac": event_correlation(content, request_id)})
+    connection = sqlite3.connect(str(path), isolation_level=None)
+    try:
+        connection.execute("PRAGMA foreign_keys = ON")
+        connection.execute("BEGIN IMMEDIATE")
+        for statement, rows in ((q.INSERT_REQUEST, requests), (q.INSERT_PAYLOAD, payloads),
+                                (q.INSERT_EVENT, events)):
+            sql, defaults = statement.compiled(_DIALECT)
+            assert not defaults
+            connection.executemany(sql, rows)
+        connection.execute("COMMIT")
+    finally:
+        connection.close()
+
+
+class _Queue:
+    """A plane over a queue of constant depth, and the clock its rounds advance."""
+
+    def __init__(self, plane: AdmissionPlane, depth: int, now: int) -> None:
+        self.plane, self.depth, self.now = plane, depth, now
+        self.owner = plane.owner_identity.owner_instance_id
+        self.lease: Any = None
+        self.added = 0
+
+    def refill(self) -> None:
+        """Untimed: free the last admitted seat and queue one request at the tail."""
+        self.now += 1
+        if self.lease is not None:
+            self.plane.abandon_before_prompt(self.lease, self.now, "cancelled")
+            self.lease = None
+            self.added += 1
+            _enqueue(self.plane, f"tail-{self.added:05d}", self.added % AGENTS, self.now)
+        self.now += 1
+
+
+@pytest.fixture(scope="module", params=DEPTHS, ids=lambda depth: f"D{depth}")
+def queue(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Queue]:
+    """A migrated database on the real disk with ``HELD_SEATS`` active turns and D queued requests."""
+    depth = request.param
+    path = migrated(tmp_path_factory.mktemp(f"depth{depth}") / "depth.sqlite")
+    start = wall_ms()
+    with open_plane(path) as plane:
+        for seat in range(HELD_SEATS):
+            _hold_seat(plane, f"held-{seat}", seat, start + 10 * seat)
+        _bulk_queue(path, depth, start + 100)
+        yield _Queue(plane, depth, start + 100 + depth + 10)
+
+
+def _record(operation: str, depth: int, times: list[float], benchmark: Any) -> None:
+    stats = summary(times)
+    figures = {"depth": depth, "median_us": stats["median_s"] * 1e6, "mean_us": stats["mean_s"] * 1e6,
+               "min_us": stats["min_s"] * 1e6, "rounds": stats["count"]}
+    benchmark.extra_info.update(figures)
+    RESULTS.setdefault("depth", {}).setdefault(operation, {})[str(depth)] = figures
+
+
+def test_admit_next_at_depth(benchmark, queue: _Queue) -> None:
+    """``admit_next`` admits the oldest request of an idle agent at every depth."""
+    times: list[float] = []
+
+    def admit() -> None:
+        start = time.perf_counter()
+        lease = queue.plane.admit_next(queue.now, queue.owner)
+        times.append(time.perf_counter() - start)
+        assert lease is not None
+        queue.lease = lease
+
+    def setup() -> None:
+        queue.refill()
+
+    for _ in range(3):
+        setup()
+        admit()
+    times.clear()
+    benchmark.pedantic(admit, setup=setup, rounds=DEPTH_ROUNDS, iterations=1)
+    while len(times) < DEPTH_ROUNDS:
+        setup()
+        admit()
+    queue.refill()
+    _record("admit_next", queue.depth, times, benchmark)
+
+
+def test_waiting_admit_request_at_depth(benchmark, queue: _Queue) -> None:
+    """A connector whose request is last in the queue is told to wait (``None``) at every depth."""
+    times: list[float] = []
+    with sqlite3.connect(queue.plane.engine.url.database) as connection:
+        (newest,) = connection.execute(
+            "SELECT request_id FROM turn_requests WHERE state = 'queued' ORDER BY enqueued_at DESC LIMIT 1"
+        ).fetchone()
+    connection.close()
+
+    def ask() -> None:
+        queue.now += 1
+        start = time.perf_counter()
+        lease = queue.plane.admit_request(newest, queue.now, queue.owner)
+        times.append(time.perf_counter() - start)
+        assert lease is None
+
+    for _ in range(3):
+        ask()
+    times.clear()
+    benchmark.pedantic(ask, rounds=DEPTH_ROUNDS, iterations=1)
+    while len(times) < DEPTH_ROUNDS:
+        ask()
+    _record("admit_request", queue.depth, times, benchmark)
