@@ -313,6 +313,12 @@ class _Demo:
                 return
             if message.get("event") == "result":
                 self.results[message["request_id"]] = message
+                if message["request_id"] == self.capacity_request:
+                    self.display.note(
+                        f"fault: the provider of {message['model']} answered 'overloaded': the turn ended "
+                        f"{message['outcome']} and {message['model']} cools down for "
+                        f"{self.policy.capacity_cooldown_ms / 1000:.1f} s while other models keep flowing"
+                    )
             elif message.get("event") == "kill_point" and self.victim is not None:
                 self._kill_worker(agent, message)
 
