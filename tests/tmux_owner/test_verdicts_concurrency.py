@@ -35,10 +35,16 @@ start_file, requests = sys.argv[1], json.loads(sys.argv[2])
 outcomes = [None] * len(requests)
 
 def observe(index):
-    try:
-        outcomes[index] = {"verdict": observe_owner_terminal(requests[index]).to_json()}
-    except TmuxOwnerError as error:
-        outcomes[index] = {"error": error.code}
+    # verdict_lock_contended is the seed's transient refusal after its 250 ms lock wait;
+    # callers retry it. Any other error is an outcome the test rejects.
+    for _attempt in range(200):
+        try:
+            outcomes[index] = {"verdict": observe_owner_terminal(requests[index]).to_json()}
+            return
+        except TmuxOwnerError as error:
+            outcomes[index] = {"error": error.code}
+            if error.code != "verdict_lock_contended":
+                return
 
 print("ready", flush=True)
 while not os.path.exists(start_file):
@@ -153,7 +159,11 @@ def test_eight_threads_observing_one_end_all_receive_the_one_verdict(state_dir: 
 
 
 def test_eight_processes_with_threads_observing_one_end_all_receive_the_one_verdict(state_dir: Path) -> None:
-    """Eight OS processes (two threads each) plus threads here race on one end: one verdict, returned to all."""
+    """Eight OS processes (two threads each) plus threads here race on one end: one verdict, returned to all.
+
+    An observer refused with the transient ``verdict_lock_contended`` (the seed's 250 ms lock
+    wait, easily exceeded on a loaded two-core machine) retries, as a caller does.
+    """
     start_file = state_dir / "start"
     workers: list[subprocess.Popen[str]] = []
     local_count = 4
@@ -177,10 +187,14 @@ def test_eight_processes_with_threads_observing_one_end_all_receive_the_one_verd
 
         def observe(index: int) -> None:
             release.wait()
-            try:
-                local[index] = observe_owner_terminal(varied_request(state_dir, 100 + index)).to_json()
-            except TmuxOwnerError as error:
-                local[index] = error.code
+            for _attempt in range(200):  # retry only the seed's transient lock refusal, as callers do
+                try:
+                    local[index] = observe_owner_terminal(varied_request(state_dir, 100 + index)).to_json()
+                    return
+                except TmuxOwnerError as error:
+                    local[index] = error.code
+                    if error.code != "verdict_lock_contended":
+                        return
 
         threads = [threading.Thread(target=observe, args=(index,)) for index in range(local_count)]
         for thread in threads:
