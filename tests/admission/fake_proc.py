@@ -40,7 +40,7 @@ def connector(pid: int, owner: str = OWNER_A, **fields: object) -> ConnectorIden
 def stat_line(identity: ProcessIdentity, *, ppid: int | None = None, state: str = "S") -> str:
     """The ``/proc/<pid>/stat`` line of ``identity`` (52 fields, comm with spaces and parentheses)."""
     fields = [state, str(identity.ppid if ppid is None else ppid), str(identity.pgrp), str(identity.session), "0", "-1"]
-    fields += ["0"] * (21 - 9)
+    fields += ["0"] * (21 - 8)  # proc(5) fields 9..21
     fields.append(identity.start_time_ticks)
     fields += ["0"] * (52 - 22)
     return f"{identity.pid} (agent (x) y) {' '.join(fields)}\n"
