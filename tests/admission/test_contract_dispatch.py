@@ -270,6 +270,16 @@ def test_original_record_is_still_idempotent_after_a_conflict(
     assert clocked.commit_dispatch_intent(first) == COMMITTED_AGAIN
 
 
+def test_record_for_an_evidence_free_dispatch_intent_conflicts(
+    clocked: AdmissionPlane, database_url: str
+) -> None:
+    """AC-53: a lease that reached dispatch_intent without evidence cannot get an identity afterwards."""
+    lease = lease_in_phase(clocked, "dispatch_intent", identity=False)
+    before = table_dump(database_url)
+    assert clocked.commit_dispatch_intent(dispatch_record(clocked, lease)) == not_committed("conflicting_intent")
+    assert table_dump(database_url) == before
+
+
 # --- AC-54 invalid_process_identity ---------------------------------------------------------------------
 
 Mutation = Callable[[dict[str, Any]], object]
