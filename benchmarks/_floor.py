@@ -82,9 +82,9 @@ class FloorConnector:
 
     # --- the driver-level twin of ``admission_plane._sql.Tx`` -------------------------------------
 
-    def _begin(self) -> None:
+    def _begin(self, mode: str = "BEGIN IMMEDIATE") -> None:
         self._cursor = self.connection.cursor()
-        self._cursor.execute("BEGIN IMMEDIATE")
+        self._cursor.execute(mode)
 
     def _commit(self) -> None:
         self._cursor.close()
@@ -138,19 +138,26 @@ class FloorConnector:
         })
         self._commit()
 
-    def admit_next(self, now: int) -> tuple[str, str, int]:
-        """``admit_next``: (lease id, request id, generation)."""
-        self._begin()
-        assert self._run(q.SELECT_EXPIRED, {"now": now}).fetchall() == []
+    def _capacity_and_candidate(self, now: int) -> Any:
         assert self._one(q.SELECT_POLICY) is None
         assert self._scalar(q.COUNT_SEAT_LEASES) < 8
         assert self._scalar(q.COUNT_START_WINDOW_LEASES) < 8
         cutoff = {"cutoff": now}
         assert self._one(q.RECENT_START, cutoff) is None
         assert self._one(q.RECENT_RESERVATION, cutoff) is None
-        candidate = self._one(q.SELECT_CANDIDATE_IDLE_AGENT, {"now": now}) or self._one(
+        return self._one(q.SELECT_CANDIDATE_IDLE_AGENT, {"now": now}) or self._one(
             q.SELECT_CANDIDATE_ANY, {"now": now}
         )
+
+    def admit_next(self, now: int) -> tuple[str, str, int]:
+        """``admit_next``: a read-only look without the write lock, then the admission: (lease, request, generation)."""
+        self._begin("BEGIN")
+        assert self._one(q.ANY_EXPIRED, {"now": now}) is None
+        assert self._capacity_and_candidate(now) is not None
+        self._commit()
+        self._begin()
+        assert self._run(q.SELECT_EXPIRED, {"now": now}).fetchall() == []
+        candidate = self._capacity_and_candidate(now)
         request_id, generation = candidate[0], candidate[1] + 1
         lease_id = str(uuid.uuid4())
         assert self._execute(q.RESERVE_REQUEST, {"request_id": request_id, "generation": generation}) == 1

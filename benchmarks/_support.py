@@ -41,9 +41,17 @@ DEPTHS = (100, 1_000, 10_000)
 DEPTH_ROUNDS = 3 if QUICK else 200
 CONTENTION_PROCESSES = (1, 2, 4, 8)
 CONTENTION_HOLDS_MS = (0, 50)
-#: (processes, hold ms) cases; the quick mode keeps one without hold and one where the seat limit binds.
-CONTENTION_CASES = (
-    ((2, 0), (8, 50)) if QUICK else tuple((p, hold) for hold in CONTENTION_HOLDS_MS for p in CONTENTION_PROCESSES)
+#: How long a waiting connector sleeps between two ``admit_request`` polls (ms); 5 ms is the sensitivity run.
+CONTENTION_POLL_MS = 1
+#: (processes, hold ms, poll ms) cases; the quick mode keeps one without hold and one where the seat limit binds.
+CONTENTION_CASES: tuple[tuple[int, int, int], ...] = (
+    ((2, 0, 1), (8, 50, 1))
+    if QUICK
+    else (
+        *((p, hold, CONTENTION_POLL_MS) for hold in CONTENTION_HOLDS_MS for p in CONTENTION_PROCESSES),
+        (1, 0, 5),
+        (8, 0, 5),
+    )
 )
 CONTENTION_SECONDS = 0.5 if QUICK else 5.0
 #: Transactions of one full turn: enqueue, admit, starting, dispatch intent, active, completed.

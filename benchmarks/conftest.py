@@ -155,6 +155,9 @@ def compute_ratios() -> dict[str, Any]:
         "depth_admit_request_10000_vs_100_median": _ratio(
             _get("depth.admit_request.10000.median_us"), _get("depth.admit_request.100.median_us")
         ),
+        "contention_poll5ms_P8_vs_P1": _ratio(
+            _get("contention.hold0-poll5.P8.turns_per_s"), _get("contention.hold0-poll5.P1.turns_per_s")
+        ),
         "contention_hold50_P8_vs_P1": _ratio(
             _get("contention.hold50.P8.turns_per_s"), _get("contention.hold50.P1.turns_per_s")
         ),

@@ -37,11 +37,11 @@ REPO = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 120
 
 
-def _spawn(path: Path, processes: int, hold_ms: int) -> list[subprocess.Popen[str]]:
+def _spawn(path: Path, processes: int, hold_ms: int, poll_ms: int) -> list[subprocess.Popen[str]]:
     command = [
         sys.executable, "-m", "benchmarks._contention_worker", "--database", str(path),
         "--seconds", str(CONTENTION_SECONDS), "--hold-ms", str(hold_ms),
-        "--policy", json.dumps(list(CONTENTION_POLICY.as_tuple())),
+        "--policy", json.dumps(list(CONTENTION_POLICY.as_tuple())), "--poll-ms", str(poll_ms),
     ]
     return [
         subprocess.Popen([*command, "--index", str(index)], cwd=REPO, stdin=subprocess.PIPE,
@@ -50,9 +50,9 @@ def _spawn(path: Path, processes: int, hold_ms: int) -> list[subprocess.Popen[st
     ]
 
 
-def run_contention(path: Path, processes: int, hold_ms: int) -> dict[str, Any]:
+def run_contention(path: Path, processes: int, hold_ms: int, poll_ms: int = 1) -> dict[str, Any]:
     """Start ``processes`` workers, release them together, and gather their figures."""
-    workers = _spawn(path, processes, hold_ms)
+    workers = _spawn(path, processes, hold_ms, poll_ms)
     try:
         for worker in workers:
             assert worker.stdout is not None
@@ -78,6 +78,7 @@ def run_contention(path: Path, processes: int, hold_ms: int) -> dict[str, Any]:
     return {
         "processes": processes,
         "hold_ms": hold_ms,
+        "poll_ms": poll_ms,
         "seconds": CONTENTION_SECONDS,
         "turns_in_window": in_window,
         "turns_per_s": in_window / CONTENTION_SECONDS,
@@ -92,21 +93,22 @@ def run_contention(path: Path, processes: int, hold_ms: int) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    ("processes", "hold_ms"), CONTENTION_CASES, ids=[f"P{p}-hold{h}" for p, h in CONTENTION_CASES]
+    ("processes", "hold_ms", "poll_ms"), CONTENTION_CASES, ids=[f"P{p}-hold{h}-poll{q}" for p, h, q in CONTENTION_CASES]
 )
-def test_contention(benchmark, disk_dir: Path, processes: int, hold_ms: int) -> None:
+def test_contention(benchmark, disk_dir: Path, processes: int, hold_ms: int, poll_ms: int) -> None:
     """P processes share one file: every turn ends, and seats never exceed the policy."""
     path = migrated(disk_dir / "contention.sqlite")
     figures: dict[str, Any] = {}
 
     def run() -> None:
-        figures.update(run_contention(path, processes, hold_ms))
+        figures.update(run_contention(path, processes, hold_ms, poll_ms))
 
     started = time.perf_counter()
     benchmark.pedantic(run, rounds=1, iterations=1)
     figures["wall_s"] = time.perf_counter() - started
     benchmark.extra_info.update(figures)
-    RESULTS.setdefault("contention", {}).setdefault(f"hold{hold_ms}", {})[f"P{processes}"] = figures
+    variant = f"hold{hold_ms}" if poll_ms == 1 else f"hold{hold_ms}-poll{poll_ms}"
+    RESULTS.setdefault("contention", {}).setdefault(variant, {})[f"P{processes}"] = figures
     states = request_states(path)
     assert states.get("completed", 0) == figures["turns"] - figures["abandoned"], states
     assert set(states) <= {"completed", "failed"}, states

@@ -150,6 +150,7 @@ def test_floor_issues_the_service_statements(
     finally:
         floor.close()
     assert service_trace.count("BEGIN IMMEDIATE") == 6
+    assert service_trace.count("COMMIT") == service_trace.count("BEGIN IMMEDIATE") + service_trace.count("BEGIN")
     assert floor_trace == service_trace
 
 
