@@ -509,15 +509,18 @@ class _Demo:
         if final_state.get(request_id) != "failed" or result is None:
             self.violations.append("the injected capacity failure did not end its turn failed")
             return {"model": model, "observed": False}
-        failed_at = int(result["ended_at"])
-        window = (failed_at, failed_at + self.policy.capacity_cooldown_ms)
+        not_before = self._cooldown_end(model)
+        if not_before is None:
+            self.violations.append("the injected capacity failure left no cooldown")
+            return {"model": model, "observed": False}
+        window = (not_before - self.policy.capacity_cooldown_ms, not_before)
         same_model, other_models, held_back = 0, 0, 0
         for other in self.results.values():
             admitted = other.get("admitted_at")
             if other["request_id"] == request_id or admitted is None:
                 continue
-            # ended_at is taken after completion, so the cooldown began at most at failed_at.
-            inside = window[0] + 50 < admitted < window[1] - 50
+            # The cooldown holds while not_before > now, so an admission at not_before is allowed.
+            inside = window[0] <= admitted < window[1]
             if other["model"] == model:
                 same_model += inside
             else:
@@ -534,6 +537,19 @@ class _Demo:
             "same_model_admitted_during_cooldown": same_model,
             "other_models_admitted_during_cooldown": other_models,
         }
+
+    def _cooldown_end(self, model: str) -> int | None:
+        from sqlalchemy import select
+
+        from ._demo_worker import PROVIDER
+        from .model import Cooldown
+
+        with self.plane.engine.connect() as connection:
+            value = connection.execute(
+                select(Cooldown.not_before).where(Cooldown.provider == PROVIDER, Cooldown.model == model)
+            ).scalar()
+            connection.rollback()
+        return None if value is None else int(value)
 
     def _check_victim(
         self, final_state: dict[str, str], admissions: Counter[Any], activations: Counter[Any]
