@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv test demo bench bench-quick lint clean
+.PHONY: venv test demo bench lint clean
 
 venv: $(STAMP)
 

@@ -31,6 +31,7 @@ from .evidence import ConnectorIdentity, GroupResidue, Observation, ProcessIdent
 from .policy import Policy
 from .service import AdmissionPlane, FaultInjection
 from .states import EventKind, FailureCategory, PromptChannel, RequestState, SuspectReason
+from .turn import Backoff, DispatchRefusedError, Turn, TurnNotAdmittedError, run_turn, spawn_child, turn
 from .values import (
     AdmittedLease,
     DispatchIntentResult,
@@ -58,10 +59,12 @@ __all__ = [
     "AdmissionRuntimeError",
     "AdmissionStateError",
     "AdmittedLease",
+    "Backoff",
     "ConnectorIdentity",
     "DispatchIntentResult",
     "DispatchProcessIdentity",
     "DispatchRecord",
+    "DispatchRefusedError",
     "EnqueueResult",
     "EventKind",
     "FailureCategory",
@@ -93,6 +96,11 @@ __all__ = [
     "SchemaIntegrityError",
     "StoredRequest",
     "SuspectReason",
+    "Turn",
+    "TurnNotAdmittedError",
     "UnknownLeaseError",
     "UnknownRequestError",
+    "run_turn",
+    "spawn_child",
+    "turn",
 ]

@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 from sqlalchemy import Engine
@@ -81,6 +81,9 @@ from .values import (
     StoredRequest,
     abandon_outcome,
 )
+
+if TYPE_CHECKING:
+    from .turn import Turn
 
 S = RequestState
 K = EventKind
@@ -838,6 +841,19 @@ class AdmissionPlane:
             self._complete_soft_drain_if_settled(tx, owner_instance_id, now)
 
         self._run(work)
+
+    # --- high-level turns ---------------------------------------------------------------------------
+
+    def turn(self, **options: Any) -> Turn:
+        """A :class:`~admission_plane.turn.Turn` on this plane: ``with plane.turn(...) as turn: ...``.
+
+        It enqueues the prompt, waits for admission, starts the dispatch child, records its
+        identity with the dispatch intent, heartbeats while the block runs and completes with
+        the right outcome; see :class:`~admission_plane.turn.Turn` for the options.
+        """
+        from .turn import Turn
+
+        return Turn(self, **options)
 
     # --- reaper ---------------------------------------------------------------------------------------
 
