@@ -2,8 +2,9 @@
 
 Each process enqueues its own requests and drives them through the whole lifecycle
 (:mod:`benchmarks._contention_worker`), with minimum start interval 0 and either no
-hold or a 50 ms hold of each seat while ``active``. The policy has 4 seats, so at P = 8
-the seat limit binds. Recorded: total turns/s in the window, errors by kind (raw SQLite
+hold or a 50 ms hold of each seat while ``active``; a waiting connector polls
+``admit_request`` every 1 ms (plus a 5 ms sensitivity case at P = 1 and 8). The policy
+has 4 seats, so at P = 8 the seat limit binds. Recorded: total turns/s in the window, errors by kind (raw SQLite
 errors reaching a caller, ``transaction_fault`` dispatch intents, retried refusals), and
 the most seat-holding and ``active`` leases ever committed at once (journal replay),
 which must never exceed the policy.
