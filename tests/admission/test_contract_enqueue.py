@@ -454,6 +454,16 @@ def test_enqueue_binds_the_request_to_the_planes_own_identity(plane: AdmissionPl
     assert re.fullmatch(UUID_V4, row["owner"])
 
 
+def test_one_owner_row_serves_every_request_the_plane_enqueues(plane: AdmissionPlane, database_url: str) -> None:
+    """AC-16: the plane's owner identity is recorded once, however many requests it binds."""
+    enqueue(plane, "first", now=1)
+    bare(plane, "second", now=2)
+    assert count(database_url, "queued_owner_instances") == 1
+    assert {row[0] for row in query(database_url, "SELECT queued_owner_instance_id FROM turn_requests")} == {
+        plane.owner_identity.owner_instance_id
+    }
+
+
 def test_enqueue_binds_to_an_explicit_owner_identity(plane: AdmissionPlane, database_url: str) -> None:
     """AC-16: input.ownerIdentity overrides the plane's own capture as the queued owner."""
     other = ConnectorIdentity.capture(owner_instance_id="0b0e7f3e-8c4a-4d2b-9f1e-2a3b4c5d6e7f", now=0)

@@ -109,6 +109,17 @@ def test_busy_agent_is_admitted_when_it_is_the_only_one_eligible(plane: Admissio
     assert admit(plane, 30).request_id == "a-2"
 
 
+def test_an_agent_whose_lease_awaits_recovery_still_counts_as_busy(plane: AdmissionPlane) -> None:
+    """AC-27: a recovery_required lease holds a seat, so its agent waits behind another agent's newer request."""
+    enqueue(plane, "a-1", "agent-a", now=10)
+    lease = admit(plane, 10)
+    plane.mark_starting(lease, 11)
+    plane.mark_execution_recovery_required(lease, 12)
+    enqueue(plane, "a-2", "agent-a", now=20)
+    enqueue(plane, "b-1", "agent-b", now=21)
+    assert admit(plane, 30).request_id == "b-1"
+
+
 def test_idle_parent_preference_with_two_seats(make_plane: PlaneFactory) -> None:
     """AC-27 (L case): a-1@1000, a-2@1001, b-1@1002 with two seats admit a-1 then b-1."""
     plane = make_plane(policy=Policy(2, 2, 0, TIMEOUT, 30_000))
@@ -312,6 +323,14 @@ def test_snapshot_reports_positions_wait_and_cooldown(plane: AdmissionPlane) -> 
     assert plane.get_queue_snapshot("B", 1_010) == QueueSnapshot(
         request_id="B", position=2, eligible_position=1, enqueued_at=1_001, waited_ms=9, cooldown_until=None
     )
+
+
+def test_snapshot_wait_is_never_negative(plane: AdmissionPlane) -> None:
+    """AC-35: asked with a now before the enqueue time, waited_ms is 0 (max(0, now - enqueued_at))."""
+    enqueue(plane, "A", now=1_000)
+    snapshot = plane.get_queue_snapshot("A", 900)
+    assert snapshot is not None
+    assert snapshot.waited_ms == 0
 
 
 def test_snapshot_is_frozen(plane: AdmissionPlane) -> None:
