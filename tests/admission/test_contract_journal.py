@@ -9,8 +9,10 @@ import attrs
 import pytest
 from conftest import admit, enqueue
 from dbutil import count, exactly, execute, query, table_dump
+from sqlalchemy import text
 
 from admission_plane import AdmissionPlane, AdmissionStateError, InvalidInputError, LiveTurnCompletion
+from admission_plane._sql import Statement
 from admission_plane.states import EVENT_STATES, EVENT_TRANSITIONS
 
 CORRELATION_REQUEST_1 = "dd68e8f75598f7318cac9c6a72bfd6af38522a7d047d63d7d07a6738434ff906"
@@ -234,7 +236,7 @@ def test_the_writer_refuses_a_transition_outside_the_allowlist(
     before = table_dump(database_url)
 
     def work(tx):  # type: ignore[no-untyped-def]
-        tx.connection.exec_driver_sql("UPDATE turn_requests SET state = 'cancelled'")
+        tx.execute(Statement(text("UPDATE turn_requests SET state = 'cancelled'")))
         plane._journal(tx, *transition[:1], "request-1", *transition[1:], 101)
 
     with pytest.raises(AdmissionStateError, match=exactly("admission event transition is not allowlisted")):
