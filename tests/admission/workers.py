@@ -98,8 +98,10 @@ def is_raw_failure(error: BaseException) -> bool:
 
 def spawn_child_group(command: tuple[str, ...] = ("sleep", "600")) -> subprocess.Popen[bytes]:
     """A real dispatch child, leader of its own session and process group."""
+    # No inherited pipes: a surviving child must not keep a killed worker's output open.
     return subprocess.Popen(
-        list(command), start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
+        list(command), start_new_session=True,
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
 
 
@@ -499,14 +501,13 @@ class WorkerProcess:
         return json.loads(last)
 
     def kill(self) -> None:
-        """SIGKILL the worker and reap it (idempotent)."""
+        """SIGKILL the worker and reap it (idempotent); the reader threads end at end of file."""
         if self.popen.poll() is None:
             self.popen.kill()
         self.popen.wait(timeout=10)
-        for stream in (self.popen.stdin, self.popen.stdout, self.popen.stderr):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
+        if self.popen.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.popen.stdin.close()
 
 
 def set_child_subreaper(enabled: bool) -> None:
