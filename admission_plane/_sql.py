@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import Executable
@@ -57,14 +56,17 @@ class Statement:
 
 
 class Tx:
-    """The statements of one unit of work, executed on its connection's DB-API cursor."""
+    """The statements of one unit of work, executed on a DB-API connection's cursor."""
 
-    __slots__ = ("_cursor", "connection", "dialect")
+    __slots__ = ("_cursor", "dialect")
 
-    def __init__(self, connection: Connection) -> None:
-        self.connection = connection
-        self.dialect = connection.dialect
-        self._cursor: Any = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    def __init__(self, dbapi_connection: Any, dialect: Dialect) -> None:
+        self.dialect = dialect
+        self._cursor: Any = dbapi_connection.cursor()
+
+    def begin(self, sql: str) -> None:
+        """Open the transaction explicitly (SQLite: ``BEGIN`` or ``BEGIN IMMEDIATE``)."""
+        self._cursor.execute(sql)
 
     def _run(self, statement: Statement, params: Mapping[str, Any] | None) -> Any:
         sql, defaults = statement.compiled(self.dialect)

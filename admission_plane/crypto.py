@@ -118,6 +118,29 @@ def _domain_hmac(key: SecretKey, domain: Sequence[Any], message: str) -> str:
     return mac.hexdigest()
 
 
+class EventCorrelator:
+    """:func:`event_correlation` with the keyed domain prefix computed once (hot path: every event).
+
+    Holds HMAC state derived from the key until :meth:`forget`; the plane forgets it on close.
+    """
+
+    __slots__ = ("_prefix",)
+
+    def __init__(self, key: SecretKey) -> None:
+        prefix = hmac.new(key.material(), js_json([_NAMESPACE, "admission-event-correlation", 1]).encode("utf-8"),
+                          hashlib.sha256)
+        prefix.update(b"\x00")
+        self._prefix: Any = prefix
+
+    def __call__(self, request_id: str) -> str:
+        mac = self._prefix.copy()
+        mac.update(request_id.encode("utf-8"))
+        return mac.hexdigest()
+
+    def forget(self) -> None:
+        self._prefix = None
+
+
 def content_fingerprint(key: SecretKey, request_id: str, plaintext: str, domain: str = "turn") -> str:
     """HMAC identifying a payload's content without revealing it."""
     return _domain_hmac(key, [_NAMESPACE, domain, "content", 1, request_id], plaintext)
@@ -134,6 +157,7 @@ def event_correlation(key: SecretKey, request_id: str) -> str:
 
 
 __all__ = [
+    "EventCorrelator",
     "InvalidTag",
     "SealedPayload",
     "SecretKey",

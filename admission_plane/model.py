@@ -73,12 +73,7 @@ class TurnRequest(Base):
             postgresql_where=text("queued_owner_instance_id IS NOT NULL"),
         ),
         # Revision 0005: the queue-timeout sweep reads only the rows that expire.
-        Index(
-            "turn_requests_queued_deadline",
-            "deadline_at",
-            sqlite_where=text("state = 'queued'"),
-            postgresql_where=text("state = 'queued'"),
-        ),
+        Index("turn_requests_state_deadline", "state", "deadline_at"),
     )
 
     request_id: Mapped[str] = mapped_column(Text, primary_key=True)

@@ -217,8 +217,7 @@ EXTENSIONS: tuple[Extension, ...] = (
         "queued_owner_instances": _columns("host_id TEXT"),
     }),
     Extension("0005_queue_deadline_index", {}, (
-        Index("turn_requests_queued_deadline", "turn_requests", ("deadline_at",),
-              where="state = 'queued'", pg_where="(state = 'queued'::text)"),
+        Index("turn_requests_state_deadline", "turn_requests", ("state", "deadline_at")),
     )),
 )
 #: The Alembic revision the service layer requires (``alembic_version`` must hold it).

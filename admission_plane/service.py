@@ -24,11 +24,11 @@ from . import _validate as v
 from ._inventory import dispatch_from_row, queued_owner_from_row
 from ._sql import Tx
 from .crypto import (
+    EventCorrelator,
     InvalidTag,
     SealedPayload,
     SecretKey,
     content_fingerprint,
-    event_correlation,
     open_sealed,
     policy_fingerprint,
     seal,
@@ -148,6 +148,7 @@ class AdmissionPlane:
         self._content_key = (
             None if content_fingerprint_key is None else SecretKey(content_fingerprint_key, "content fingerprint")
         )
+        self._correlate = None if self._content_key is None else EventCorrelator(self._content_key)
         if fault_injection is not None and not isinstance(fault_injection, FaultInjection):
             raise InvalidInputError("fault injection must be a FaultInjection")
         self._faults = fault_injection or FaultInjection()
@@ -192,6 +193,8 @@ class AdmissionPlane:
         for key in (self._encryption_key, self._content_key):
             if key is not None:
                 key.wipe()
+        if self._correlate is not None:
+            self._correlate.forget()
         if self._owns_engine:
             self.engine.dispose()
 
@@ -229,6 +232,11 @@ class AdmissionPlane:
             raise MissingKeyError("admission event correlation requires a content fingerprint key")
         return self._content_key
 
+    def _correlation(self, request_id: str) -> str:
+        self._require_content_key()
+        assert self._correlate is not None
+        return self._correlate(request_id)
+
     def _journal(self, tx: Tx, kind: str, request_id: str, from_state: str, to_state: str, now: int) -> None:
         v.identifier(request_id, "event correlation input")
         v.timestamp(now, "event timestamp")
@@ -241,7 +249,7 @@ class AdmissionPlane:
                 "from_state": str(from_state),
                 "to_state": str(to_state),
                 "now": now,
-                "correlation_hmac": event_correlation(self._require_content_key(), request_id),
+                "correlation_hmac": self._correlation(request_id),
             },
         )
 
@@ -403,8 +411,6 @@ class AdmissionPlane:
             candidate = self._select_candidate(tx, now)
             return None if candidate is None else self._reserve(tx, candidate, now, owner_instance_id)
 
-        if not self._admission_may_write(now, None):
-            return None
         return self._run(work)
 
     def admit_request(self, request_id: str, now: int, owner_instance_id: str) -> AdmittedLease | None:
@@ -426,13 +432,13 @@ class AdmissionPlane:
             return None
         return self._run(work)
 
-    def _admission_may_write(self, now: int, request_id: str | None) -> bool:
-        """Whether an admission attempt at ``now`` could change anything.
+    def _admission_may_write(self, now: int, request_id: str) -> bool:
+        """Whether a waiting connector's admission attempt at ``now`` could change anything.
 
-        A read-only look first: with nothing to time out and no admission possible (no
-        capacity, no candidate, or another request chosen), the attempt is a no-op, so
-        waiting connectors poll without taking the write lock. The writing transaction
-        re-checks everything, so this is only an optimisation, never a decision.
+        A read-only look first: with nothing to time out and ``request_id`` not the one the
+        rule would admit now, the attempt is a no-op, so waiting connectors poll without
+        taking the write lock. The writing transaction re-checks everything, so this is
+        only an optimisation, never a decision.
         """
 
         def look(tx: Tx) -> bool:
@@ -441,7 +447,7 @@ class AdmissionPlane:
             if not self._has_dispatch_capacity(tx, now):
                 return False
             candidate = self._select_candidate(tx, now)
-            return candidate is not None and (request_id is None or candidate[0] == request_id)
+            return candidate is not None and candidate[0] == request_id
 
         return self._run(look, read_only=True)
 
@@ -487,7 +493,9 @@ class AdmissionPlane:
                 raise AdmissionStateError("concurrent start limit reached")
             tx.execute(q.DELETE_OLD_STARTS, {"cutoff": now - interval})
             latest = tx.scalar(q.LATEST_START)
-            if latest is not None and now < latest + interval:
+            # With no minimum interval there is nothing to space out: a start stamped a little
+            # before another connector's (clocks are read before the write lock) is not refused.
+            if interval > 0 and latest is not None and now < latest + interval:
                 raise AdmissionStateError("start interval has not elapsed")
             tx.execute(q.INSERT_START, {"lease_id": fence.lease_id, "now": now})
             self._set_phase(tx, lease, S.STARTING, now)
@@ -889,12 +897,13 @@ class AdmissionPlane:
         }
         for label, value in meta.items():
             v.metadata_text(value, label)
-        v.identifier(request_id, "request metadata request_id")
         if not isinstance(agent_id, str):
             raise InvalidInputError("invalid request metadata agent_id")
         v.identifier(agent_id, "request metadata agent_id")
         if not v.is_safe_integer(now) or now < 0:
             raise InvalidInputError("invalid request timestamp")
+        # The seed reports this through its journal, after the other checks, before any write.
+        v.identifier(request_id, "event correlation input")
         meta["agent_id"] = agent_id
         return meta
 

@@ -27,11 +27,10 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import BigInteger, Engine, func, literal, select
 from sqlalchemy.exc import DBAPIError
 
-from ._sql import Tx
-from .db import SQLITE_BEGIN_OPTION
+from ._sql import Statement, Tx
 from .errors import AdmissionBusyError, AdmissionDatabaseError
 
 T = TypeVar("T")
@@ -44,36 +43,43 @@ SQLITE_CONTENTION = frozenset(
 )
 POSTGRES_RETRYABLE = frozenset({"40001", "40P01"})
 DEFAULT_ATTEMPTS = 5
-_LOCK_STATEMENT = text("SELECT pg_advisory_xact_lock(:key)").bindparams(key=ADVISORY_LOCK_KEY)
+_LOCK_STATEMENT = Statement(select(func.pg_advisory_xact_lock(literal(ADVISORY_LOCK_KEY, BigInteger))))
 
 
 class UnitOfWork:
-    """A connection inside one transaction; rolls back unless committed."""
+    """One transaction on a pooled DB-API connection; rolls back unless :meth:`commit` was called.
+
+    Every statement of an operation runs on the connection's cursor (see
+    :mod:`admission_plane._sql`), so the transaction is driven on the driver connection
+    too: SQLite gets an explicit ``BEGIN IMMEDIATE`` (``BEGIN`` when read-only), PostgreSQL
+    an implicit transaction whose first statement takes the advisory lock.
+    """
 
     def __init__(self, engine: Engine, *, read_only: bool = False) -> None:
         self._engine = engine
         self._read_only = read_only
         self._committed = False
-        self.connection: Connection
+        self.tx: Tx
 
     def __enter__(self) -> UnitOfWork:
-        connection = self._engine.connect()
+        connection: Any = self._engine.raw_connection()
+        dialect = self._engine.dialect
         try:
-            if self._engine.dialect.name == "sqlite":
-                mode = "DEFERRED" if self._read_only else "IMMEDIATE"
-                connection = connection.execution_options(**{SQLITE_BEGIN_OPTION: mode})
-            connection.begin()
-            if not self._read_only and self._engine.dialect.name == "postgresql":
-                connection.execute(_LOCK_STATEMENT)
+            tx = Tx(connection, dialect)
+            if dialect.name == "sqlite":
+                tx.begin("BEGIN" if self._read_only else "BEGIN IMMEDIATE")
+            elif not self._read_only:
+                tx.execute(_LOCK_STATEMENT)
         except BaseException:
             connection.close()
             raise
-        self.connection = connection
+        self._connection = connection
+        self.tx = tx
         return self
 
     def commit(self) -> None:
         """Make the work durable (``synchronous=FULL`` on SQLite: durable on return)."""
-        self.connection.commit()
+        self._connection.commit()
         self._committed = True
 
     def __exit__(
@@ -83,10 +89,12 @@ class UnitOfWork:
         traceback: TracebackType | None,
     ) -> None:
         try:
+            self.tx.close()
             if not self._committed:
-                self.connection.rollback()
+                self._connection.rollback()
         finally:
-            self.connection.close()
+            # Back to the pool (which resets it again on return).
+            self._connection.close()
 
 
 def contention_name(error: BaseException) -> str | None:
@@ -119,11 +127,7 @@ def run(
     for attempt in range(attempts):
         try:
             with UnitOfWork(engine, read_only=read_only) as uow:
-                tx = Tx(uow.connection)
-                try:
-                    result = work(tx)
-                finally:
-                    tx.close()
+                result = work(uow.tx)
                 uow.commit()
                 return result
         except (DBAPIError, driver_error) as error:

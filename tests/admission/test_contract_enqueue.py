@@ -251,10 +251,6 @@ def test_request_id_that_is_not_an_identifier_is_refused_before_any_write(
     assert table_dump(database_url) == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: non-identifier request id says 'request metadata request_id ...', seed 'event correlation input ...'",
-)
 def test_request_id_identifier_failure_uses_the_seed_message(plane: AdmissionPlane) -> None:
     """AC-09: the seed reports a non-identifier request id with the journal's message `event correlation input ...`."""
     with pytest.raises(

@@ -73,7 +73,7 @@ def test_alembic_schema_text_is_byte_identical_to_the_seeds(seed_v3: Path, alemb
 
 
 def test_head_adds_only_the_documented_extensions_to_the_seed_schema(seed_v3: Path, alembic_head: Path) -> None:
-    """Revisions after v3 add exactly the host_id columns and the queued-deadline index, nothing else."""
+    """Revisions after v3 add exactly the host_id columns and the state/deadline index, nothing else."""
     seed, ours = pragma_picture(seed_v3), pragma_picture(alembic_head)
     spec = schema_check.expected_spec()
     assert sorted(ours) == sorted(seed)
@@ -82,7 +82,7 @@ def test_head_adds_only_the_documented_extensions_to_the_seed_schema(seed_v3: Pa
         added = [column.name for column in spec.tables.get(table, ())[len(seed_columns):]]
         assert [row[1] for row in ours[table]["table_info"]] == [row[1] for row in seed[table]["table_info"]] + added
     new_indexes = {index.name for index in spec.indexes} - {index.name for index in schema_check.INDEXES}
-    assert new_indexes == {"turn_requests_queued_deadline"}
+    assert new_indexes == {"turn_requests_state_deadline"}
     assert {row[1] for row in ours["turn_requests"]["index_list"]} - {
         row[1] for row in seed["turn_requests"]["index_list"]
     } == new_indexes
