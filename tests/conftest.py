@@ -7,17 +7,9 @@ import shutil
 from collections.abc import Iterator
 
 import pytest
+from gates import IN_CI, require
 
-IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
-
-
-def require(condition: bool, reason: str) -> None:
-    """Skip with a one-line ``reason`` when ``condition`` is false, but fail under CI."""
-    if condition:
-        return
-    if IN_CI:
-        pytest.fail(f"required in CI: {reason}", pytrace=False)
-    pytest.skip(reason)
+__all__ = ["IN_CI", "require"]
 
 
 @pytest.fixture

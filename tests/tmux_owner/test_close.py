@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import require
+from gates import require
 
 from tmux_owner import _close
 from tmux_owner._close import (

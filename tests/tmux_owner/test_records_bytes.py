@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import require
+from gates import require
 
 from tmux_owner._common import dumps, dumps_line
 from tmux_owner._generations import (
