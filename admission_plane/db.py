@@ -16,6 +16,7 @@ seats, starts or the queue serialise on a transaction-level advisory lock (see
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -27,6 +28,7 @@ from .errors import InvalidInputError
 DEFAULT_BUSY_TIMEOUT_MS = 5_000
 SQLITE_BEGIN_OPTION = "sqlite_begin"
 _SQLITE_BEGIN_MODES = {"IMMEDIATE": "BEGIN IMMEDIATE", "DEFERRED": "BEGIN", "EXCLUSIVE": "BEGIN EXCLUSIVE"}
+_BUSY_TIMEOUTS: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary()
 
 
 def parse_url(url: str | URL | os.PathLike[str]) -> URL:
@@ -78,6 +80,7 @@ def create_admission_engine(
         connect_args.setdefault("timeout", busy_timeout_ms / 1000)
         engine = create_engine(parsed, connect_args=connect_args, **engine_options)
         _install_sqlite_hooks(engine, busy_timeout_ms)
+        _BUSY_TIMEOUTS[engine] = busy_timeout_ms
         return engine
     engine_options.setdefault("isolation_level", "READ COMMITTED")
     engine_options.setdefault("pool_pre_ping", True)
@@ -101,6 +104,11 @@ def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:
     def _on_begin(connection: Any) -> None:
         mode = connection.get_execution_options().get(SQLITE_BEGIN_OPTION, "IMMEDIATE")
         connection.exec_driver_sql(_SQLITE_BEGIN_MODES[mode])
+
+
+def busy_timeout_ms(engine: Engine) -> int:
+    """How long a writer waits for SQLite's write lock on ``engine`` (default for foreign engines)."""
+    return _BUSY_TIMEOUTS.get(engine, DEFAULT_BUSY_TIMEOUT_MS)
 
 
 def is_sqlite(engine: Engine) -> bool:

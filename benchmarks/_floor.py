@@ -84,7 +84,13 @@ class FloorConnector:
 
     def _begin(self, mode: str = "BEGIN IMMEDIATE") -> None:
         self._cursor = self.connection.cursor()
-        self._cursor.execute(mode)
+        if mode == "BEGIN IMMEDIATE":
+            # The service's writer takes the lock with the busy handler off (its own short waits).
+            self._cursor.execute("PRAGMA busy_timeout = 0")
+            self._cursor.execute(mode)
+            self._cursor.execute("PRAGMA busy_timeout = 5000")
+        else:
+            self._cursor.execute(mode)
 
     def _commit(self) -> None:
         self._cursor.close()
@@ -150,11 +156,7 @@ class FloorConnector:
         )
 
     def admit_next(self, now: int) -> tuple[str, str, int]:
-        """``admit_next``: a read-only look without the write lock, then the admission: (lease, request, generation)."""
-        self._begin("BEGIN")
-        assert self._one(q.ANY_EXPIRED, {"now": now}) is None
-        assert self._capacity_and_candidate(now) is not None
-        self._commit()
+        """``admit_next``: the admission in one writing transaction: (lease, request, generation)."""
         self._begin()
         assert self._run(q.SELECT_EXPIRED, {"now": now}).fetchall() == []
         candidate = self._capacity_and_candidate(now)
