@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from conftest import activate, admit, dispatch_record, enqueue
 from dbutil import (
     ABORT_EVENT_INSERTS,
     DROP_ABORT_EVENT_INSERTS,
@@ -18,6 +17,7 @@ from dbutil import (
     request_state,
     table_dump,
 )
+from planes import activate, admit, dispatch_record, enqueue
 
 from admission_plane import AdmissionDatabaseError, AdmissionPlane, AdmissionStateError, AdmittedLease, Policy
 from admission_plane.values import LiveTurnCompletion

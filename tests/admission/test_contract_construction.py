@@ -7,8 +7,8 @@ import re
 from collections.abc import Callable
 
 import pytest
-from conftest import CONTENT_KEY, ENCRYPTION_KEY, admit, enqueue
 from dbutil import count, exactly, request_state, table_dump
+from planes import CONTENT_KEY, ENCRYPTION_KEY, admit, enqueue
 from sqlalchemy import text
 
 from admission_plane import AdmissionPlane, InvalidInputError, MissingKeyError, Policy

@@ -9,9 +9,9 @@ from typing import Any
 
 import attrs
 import pytest
-from _contract_helpers import dispatch_record, enqueue, lease_in_phase
 from _dump import count, events, execute, lease_phase, request_state, rows, table_dump
 from dbutil import ABORT_EVENT_INSERTS, DROP_ABORT_EVENT_INSERTS
+from planes import dispatch_record, enqueue, lease_in_phase
 
 from admission_plane import (
     AdmissionPlane,

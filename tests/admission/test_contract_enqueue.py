@@ -9,7 +9,6 @@ from typing import Any
 
 import attrs
 import pytest
-from conftest import admit, enqueue
 from dbutil import (
     ABORT_EVENT_INSERTS,
     DROP_ABORT_EVENT_INSERTS,
@@ -21,6 +20,7 @@ from dbutil import (
     request_state,
     table_dump,
 )
+from planes import admit, enqueue
 
 from admission_plane import (
     AdmissionConflictError,

@@ -7,9 +7,9 @@ from typing import Any
 
 import attrs
 import pytest
-from _contract_helpers import activate, admit, dispatch_record, enqueue, lease_in_phase
 from _dump import exactly, execute
 from fake_proc import OWNER_B, connector
+from planes import activate, admit, dispatch_record, enqueue, lease_in_phase
 
 from admission_plane import (
     AdmissionPlane,

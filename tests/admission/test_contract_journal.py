@@ -7,8 +7,8 @@ import hashlib
 
 import attrs
 import pytest
-from conftest import admit, enqueue
 from dbutil import count, exactly, execute, query, table_dump
+from planes import admit, enqueue
 from sqlalchemy import text
 
 from admission_plane import AdmissionPlane, AdmissionStateError, InvalidInputError, LiveTurnCompletion

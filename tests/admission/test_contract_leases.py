@@ -8,8 +8,8 @@ from typing import Any
 
 import attrs
 import pytest
-from _contract_helpers import SEAT_PHASES, dispatch_record, enqueue, lease_in_phase
 from _dump import count, events, exactly, lease_phase, request_state, rows, scalar, table_dump
+from planes import SEAT_PHASES, dispatch_record, enqueue, lease_in_phase
 
 from admission_plane import (
     AdmissionPlane,

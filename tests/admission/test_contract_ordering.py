@@ -9,7 +9,6 @@ from collections.abc import Callable
 
 import attrs
 import pytest
-from conftest import activate, admit, enqueue
 from dbutil import (
     ABORT_EVENT_INSERTS,
     DROP_ABORT_EVENT_INSERTS,
@@ -21,6 +20,7 @@ from dbutil import (
     request_state,
     table_dump,
 )
+from planes import activate, admit, enqueue
 
 from admission_plane import (
     AdmissionDatabaseError,

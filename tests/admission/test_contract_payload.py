@@ -7,8 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import admit, dispatch_record, enqueue
 from dbutil import count, exactly, execute, query, table_dump
+from planes import admit, dispatch_record, enqueue
 
 from admission_plane import (
     AdmissionPlane,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from conftest import CONTENT_KEY, activate, admit, enqueue
 from dbutil import count, exactly, query, request_state, table_dump
+from planes import CONTENT_KEY, activate, admit, enqueue
 
 from admission_plane import (
     AdmissionPlane,

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from _contract_helpers import enqueue, lease_in_phase
 from _dump import count, events, exactly, execute, rows, table_dump
 from fake_proc import OWNER_B, connector
+from planes import enqueue, lease_in_phase
 
 from admission_plane import AdmissionPlane, AdmissionStateError, InvalidInputError
 

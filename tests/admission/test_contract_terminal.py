@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from _contract_helpers import SEAT_PHASES, enqueue, lease_in_phase
 from _dump import count, events, exactly, request_state, rows, table_dump
+from planes import SEAT_PHASES, enqueue, lease_in_phase
 
 from admission_plane import (
     AdmissionPlane,

@@ -7,10 +7,10 @@ import struct
 from collections.abc import Callable
 
 import pytest
-from conftest import enqueue
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from dbutil import execute, query
+from planes import enqueue
 
 from admission_plane import AdmissionPlane, Policy
 from admission_plane.crypto import (

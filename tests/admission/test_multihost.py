@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import CONTENT_KEY, ENCRYPTION_KEY, enqueue
 from fake_proc import OWNER_A, OWNER_B, FakeProc, connector, process
+from planes import CONTENT_KEY, ENCRYPTION_KEY, enqueue
 
 from admission_plane import AdmissionPlane, DispatchRecord, Policy, RequestState
 from admission_plane.migrate import upgrade

@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import attrs
 import pytest
-from _contract_helpers import admit, dispatch_record, enqueue, lease_in_phase
 from _dump import count, events, execute, lease_phase, request_state, rows
 from fake_proc import OTHER_BOOT, OWNER_B, FakeProc, NoInventoryProc, connector, process
+from planes import admit, dispatch_record, enqueue, lease_in_phase
 
 from admission_plane import (
     AdmissionPlane,

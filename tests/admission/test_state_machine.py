@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from journal_replay import read_journal, replay
+from planes import CONTENT_KEY, ENCRYPTION_KEY
 
 from admission_plane import (
     AdmissionError,
@@ -43,8 +44,6 @@ from admission_plane.schema_check import check_schema
 from admission_plane.states import SEAT_PHASES, TERMINAL_STATES, FailureCategory
 
 POLICY = Policy(2, 1, 50, 20_000, 1_000)
-ENCRYPTION_KEY = bytes([1]) * 32
-CONTENT_KEY = bytes([2]) * 32
 OTHER_OWNER = "0b7e5a9c-3d2f-4e1a-9c8b-7a6f5e4d3c2b"
 REQUEST_IDS = tuple(f"req-{n}" for n in range(6))
 AGENTS = ("agent-a", "agent-b")

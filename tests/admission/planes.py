@@ -1,0 +1,119 @@
+"""Keys, the contract policy and the catalogue's lifecycle steps (``E``, ``admit``, ``activate``...).
+
+Plain helpers that test modules import; the fixtures that open planes live in ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from admission_plane import AdmissionPlane, AdmittedLease, DispatchRecord, Policy
+from admission_plane.evidence import capture
+
+ENCRYPTION_KEY = bytes([1]) * 32
+CONTENT_KEY = bytes([2]) * 32
+#: The contract suite's usual policy: 3 seats, 1 start, no start interval.
+CONTRACT_POLICY = Policy(3, 1, 0, 1_800_000, 30_000)
+SEAT_PHASES = ("admitted", "starting", "dispatch_intent", "dispatch_ambiguous", "active", "recovery_required")
+
+
+def enqueue(plane: AdmissionPlane, request_id: str, agent_id: str = "agent-a", now: int = 1_000, **overrides: Any):
+    """``E(id, agent, t)`` of the contract catalogue: enqueue with a payload that outlives the queue timeout."""
+    fields: dict[str, Any] = {
+        "request_id": request_id,
+        "session_id": "session-1",
+        "agent_id": agent_id,
+        "fingerprint": "fingerprint-1",
+        "provider": "antigravity",
+        "model": "model-test",
+        "now": now,
+        "plaintext": f"prompt for {request_id}",
+        "expires_at": now + plane.policy.queue_timeout_ms + 1,
+    }
+    fields.update(overrides)
+    return plane.enqueue_with_payload(**fields)
+
+
+def dispatch_record(plane: AdmissionPlane, lease: AdmittedLease, child_pid: int | None = None, **overrides: Any):
+    """A valid dispatch record for ``lease``: the plane's own connector identity and a real child process."""
+    fields: dict[str, Any] = {
+        "request_id": lease.request_id,
+        "lease_id": lease.lease_id,
+        "generation": lease.generation,
+        "owner_instance_id": plane.owner_identity.owner_instance_id,
+        "connector": plane.owner_identity,
+        "child": capture(os.getpid() if child_pid is None else child_pid),
+        "prompt_channel": "stdin",
+    }
+    fields.update(overrides)
+    return DispatchRecord(**fields)
+
+
+def admit(plane: AdmissionPlane, now: int) -> AdmittedLease:
+    """Admit the next request as this plane's own connector; fails the test if nothing is admitted."""
+    lease = plane.admit_next(now, plane.owner_identity.owner_instance_id)
+    assert lease is not None, "expected an admission"
+    return lease
+
+
+def activate(plane: AdmissionPlane, lease: AdmittedLease, now: int) -> None:
+    """``activate(lease, t)``: starting at t+1, dispatch intent (with process identity) at t+2, active at t+3."""
+    plane.mark_starting(lease, now + 1)
+    result = plane.commit_dispatch_intent(dispatch_record(plane, lease))
+    assert result.ok, result
+    plane.mark_active(lease, now + 3)
+
+
+def lease_in_phase(
+    plane: AdmissionPlane,
+    phase: str,
+    request_id: str = "r1",
+    now: int = 1_000,
+    *,
+    identity: bool = True,
+    agent_id: str = "agent-a",
+    **record_overrides: Any,
+) -> AdmittedLease:
+    """Enqueue ``request_id`` at ``now`` and drive its lease to ``phase`` (one ms per step).
+
+    ``dispatch_intent`` is reached with a recorded process identity unless ``identity``
+    is false (then through the evidence-free ``mark_dispatch_intent``);
+    ``recovery_required`` is reached from ``active``.
+    """
+    enqueue(plane, request_id, agent_id=agent_id, now=now)
+    lease = admit(plane, now + 1)
+    if phase == "admitted":
+        return lease
+    plane.mark_starting(lease, now + 2)
+    if phase == "starting":
+        return lease
+    if identity:
+        result = plane.commit_dispatch_intent(dispatch_record(plane, lease, **record_overrides))
+        assert result.ok, result
+    else:
+        plane.mark_dispatch_intent(lease, now + 3)
+    if phase == "dispatch_intent":
+        return lease
+    if phase == "dispatch_ambiguous":
+        plane.mark_dispatch_ambiguous(lease, now + 4)
+        return lease
+    plane.mark_active(lease, now + 4)
+    if phase == "active":
+        return lease
+    assert phase == "recovery_required", phase
+    plane.mark_execution_recovery_required(lease, now + 5)
+    return lease
+
+
+__all__ = [
+    "CONTENT_KEY",
+    "CONTRACT_POLICY",
+    "ENCRYPTION_KEY",
+    "SEAT_PHASES",
+    "activate",
+    "admit",
+    "dispatch_record",
+    "enqueue",
+    "lease_in_phase",
+]
