@@ -8,7 +8,9 @@ the dispatch-intent path and evidence capture read the real clock, as in the see
 
 from __future__ import annotations
 
+import itertools
 import os
+import random
 import threading
 import time
 import uuid
@@ -88,6 +90,7 @@ if TYPE_CHECKING:
 S = RequestState
 K = EventKind
 MAX_DISPATCH_CONTENTION_RECHECKS = 500
+BEHIND_DELAY_S = 0.003
 DISPATCH_CONTENTION_RECHECK_DELAY_S = 0.002
 _TERMINAL_LEASE_PHASES = frozenset({S.PROVIDER_TERMINAL, S.COMPLETED, S.FAILED, S.CANCELLED, S.QUEUE_TIMEOUT})
 
@@ -415,6 +418,11 @@ class AdmissionPlane:
 
     def admit_request(self, request_id: str, now: int, owner_instance_id: str) -> AdmittedLease | None:
         """Admit ``request_id`` only if the global rule would choose exactly it now; never jumps the queue."""
+        return self._admit_request(request_id, now, owner_instance_id)[0]
+
+    def _admit_request(self, request_id: str, now: int, owner_instance_id: str) -> tuple[AdmittedLease | None, str]:
+        """:meth:`admit_request`, and why nothing was admitted: ``"admitted"``, ``"behind"`` (capacity
+        is free but the rule chose an older request) or ``"waiting"`` (no capacity, or not queued)."""
         v.identifier(request_id, "admission request ID")
         v.identifier(owner_instance_id, "admission owner instance ID")
         v.timestamp(now, "admission timestamp")
@@ -428,28 +436,68 @@ class AdmissionPlane:
                 return None
             return self._reserve(tx, candidate, now, owner_instance_id)
 
-        if not self._admission_may_write(now, request_id):
-            return None
-        return self._run(work)
-
-    def _admission_may_write(self, now: int, request_id: str) -> bool:
-        """Whether a waiting connector's admission attempt at ``now`` could change anything.
-
-        A read-only look first: with nothing to time out and ``request_id`` not the one the
-        rule would admit now, the attempt is a no-op, so waiting connectors poll without
-        taking the write lock. The writing transaction re-checks everything, so this is
-        only an optimisation, never a decision.
-        """
-
-        def look(tx: Tx) -> bool:
+        # A read-only look first: with nothing to time out and ``request_id`` not the one the
+        # rule would admit now, the attempt is a no-op, so waiting connectors poll without
+        # taking the write lock. The writing transaction re-checks everything, so the look
+        # is only an optimisation, never a decision.
+        def look(tx: Tx) -> str:
             if tx.one(q.ANY_EXPIRED, {"now": now}) is not None:
-                return True
+                return "write"
             if not self._has_dispatch_capacity(tx, now):
-                return False
+                return "waiting"
             candidate = self._select_candidate(tx, now)
-            return candidate is not None and candidate[0] == request_id
+            if candidate is None:
+                return "waiting"
+            return "write" if candidate[0] == request_id else "behind"
 
-        return self._run(look, read_only=True)
+        verdict = self._run(look, read_only=True)
+        if verdict != "write":
+            return None, verdict
+        lease = self._run(work)
+        return lease, "admitted" if lease is not None else "behind"
+
+    def wait_for_admission(
+        self,
+        request_id: str,
+        owner_instance_id: str,
+        *,
+        timeout_ms: int | None = None,
+        initial_delay_ms: float = 1.0,
+        max_delay_ms: float = 16.0,
+        sleep: Callable[[float], object] = time.sleep,
+    ) -> AdmittedLease | None:
+        """Poll :meth:`admit_request` for ``request_id`` until it is admitted; ``None`` on timeout
+        or once the request is no longer queued (timed out, cancelled, settled).
+
+        Polls back off exponentially from ``initial_delay_ms`` to ``max_delay_ms`` (with
+        jitter), so many waiting connectors cost little CPU while a freed seat is still
+        taken within a few milliseconds. ``now`` comes from the plane's clock.
+        """
+        v.identifier(request_id, "admission request ID")
+        v.identifier(owner_instance_id, "admission owner instance ID")
+        if timeout_ms is not None:
+            v.timestamp(timeout_ms, "admission wait timeout")
+        deadline = None if timeout_ms is None else self._clock() + timeout_ms
+        delay = initial_delay_ms / 1000
+        for attempt in itertools.count():
+            now = self._clock()
+            lease, reason = self._admit_request(request_id, now, owner_instance_id)
+            if lease is not None:
+                return lease
+            if deadline is not None and now >= deadline:
+                return None
+            if attempt % 8 == 7:
+                request = self.get_request(request_id)
+                if request is None or request.state is not RequestState.QUEUED:
+                    return None
+            if reason == "behind":
+                # A seat is free and an older request's connector is about to take it: ours may
+                # be next, so look again soon instead of backing off.
+                delay = BEHIND_DELAY_S
+            sleep(delay * (0.5 + random.random()))  # noqa: S311 - jitter, not cryptography
+            if reason != "behind":
+                delay = min(delay * 2, max_delay_ms / 1000)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def get_queue_snapshot(self, request_id: str, now: int) -> QueueSnapshot | None:
         """Where a queued request stands; ``None`` if it is unknown, not queued or has no payload."""

@@ -1,7 +1,8 @@
 """One connector process of the contention benchmark (``python -m benchmarks._contention_worker``).
 
 It opens the plane, prints ``ready``, waits for ``go`` on standard input, then for a
-fixed time enqueues its own request, waits for it with ``admit_request`` (polling), and
+fixed time enqueues its own request, waits for it with ``wait_for_admission`` (polling
+with back-off from ``--poll-ms`` to 16 ms), and
 drives it to completion, again and again. After the deadline it finishes the turn in
 flight (so no seat stays held) and prints one JSON line: its turns within the window, all
 its turns, and its errors by kind. Errors are counted and the operation retried; a
@@ -83,6 +84,10 @@ class Connector:
                     raise
                 time.sleep(self.poll_s)
 
+    def _poll_sleep(self, seconds: float) -> None:
+        self.polls += 1
+        time.sleep(seconds)
+
     def turn(self) -> bool:
         """One full turn of this process's own request; ``False`` if it had to be abandoned."""
         plane = self.plane
@@ -93,9 +98,10 @@ class Connector:
             fingerprint="fp-1", provider="antigravity", model="model-bench", now=_wall_ms(),
             plaintext=f"prompt {request_id}", expires_at=_wall_ms() + 1_800_001,
         ))
-        while (lease := self._retry(lambda: plane.admit_request(request_id, _wall_ms(), self.owner))) is None:
-            self.polls += 1
-            time.sleep(self.poll_s)
+        lease = self._retry(lambda: plane.wait_for_admission(
+            request_id, self.owner, initial_delay_ms=self.poll_s * 1000, max_delay_ms=16, sleep=self._poll_sleep,
+        ))
+        assert lease is not None, "a queued request without a timeout is always admitted eventually"
         # ``now`` is read before the write lock: a start committed meanwhile by another
         # process may carry a later ``now``; that refusal is counted and retried.
         self._retry(lambda: plane.mark_starting(lease, _wall_ms()))
