@@ -583,12 +583,7 @@ class AdmissionPlane:
             lease = self._require_lease(tx, fence)
             if lease[4] not in ABANDONABLE_PHASES:
                 raise AdmissionStateError("lease is not safely abandonable before prompt write")
-            tx.execute(q.SET_REQUEST_TERMINAL, {"request_id": lease[1], "state": str(final), "now": now})
-            tx.execute(q.DELETE_PAYLOAD, {"request_id": lease[1]})
-            if tx.execute(q.DELETE_LEASE, _fence_params(fence)) != 1:
-                raise LeaseFenceError()
-            self._journal(tx, K.REQUEST_ABANDONED, lease[1], lease[4], final, now)
-            self._complete_soft_drain_if_settled(tx, fence.owner_instance_id, now)
+            self._release_seat(tx, fence, lease[1], final, (K.REQUEST_ABANDONED, lease[4]), now)
 
         self._run(work)
 
@@ -625,12 +620,9 @@ class AdmissionPlane:
             phase = lease[4]
             if phase in _TERMINAL_LEASE_PHASES:
                 raise AdmissionStateError("lease is not an unresolved local execution")
-            tx.execute(q.SET_REQUEST_TERMINAL, {"request_id": lease[1], "state": S.RECOVERY_REQUIRED, "now": now})
-            tx.execute(q.DELETE_PAYLOAD, {"request_id": lease[1]})
-            if tx.execute(q.DELETE_LEASE, _fence_params(fence)) != 1:
-                raise LeaseFenceError()
-            self._journal(tx, K.REQUEST_RECOVERY_SEAT_RELEASED, lease[1], phase, S.RECOVERY_REQUIRED, now)
-            self._complete_soft_drain_if_settled(tx, fence.owner_instance_id, now)
+            self._release_seat(
+                tx, fence, lease[1], S.RECOVERY_REQUIRED, (K.REQUEST_RECOVERY_SEAT_RELEASED, phase), now
+            )
 
         self._run(work)
 
@@ -664,14 +656,9 @@ class AdmissionPlane:
                         "now": now,
                     },
                 )
-            tx.execute(
-                q.SET_REQUEST_TERMINAL, {"request_id": request_id, "state": str(completion.outcome), "now": now}
+            self._release_seat(
+                tx, fence, request_id, completion.outcome, (K.REQUEST_RELEASED, S.PROVIDER_TERMINAL), now
             )
-            tx.execute(q.DELETE_PAYLOAD, {"request_id": request_id})
-            if tx.execute(q.DELETE_LEASE, _fence_params(fence)) != 1:
-                raise LeaseFenceError()
-            self._journal(tx, K.REQUEST_RELEASED, request_id, S.PROVIDER_TERMINAL, completion.outcome, now)
-            self._complete_soft_drain_if_settled(tx, fence.owner_instance_id, now)
 
         self._run(work)
 
@@ -1084,6 +1071,25 @@ class AdmissionPlane:
             raise LeaseFenceError()
         tx.execute(q.SET_REQUEST_STATE, {"request_id": request_id, "state": str(phase)})
         self._journal(tx, LEASE_TRANSITIONS[(RequestState(current), phase)], request_id, current, phase, now)
+
+    def _release_seat(
+        self,
+        tx: Tx,
+        fence: LeaseFence,
+        request_id: str,
+        final: RequestState,
+        event: tuple[EventKind, str],
+        now: int,
+    ) -> None:
+        """End the request in ``final``, delete its payload and its lease (the seat), and journal
+        ``event`` (kind, from-state); then complete a pending soft drain if no seat is left."""
+        kind, from_state = event
+        tx.execute(q.SET_REQUEST_TERMINAL, {"request_id": request_id, "state": str(final), "now": now})
+        tx.execute(q.DELETE_PAYLOAD, {"request_id": request_id})
+        if tx.execute(q.DELETE_LEASE, _fence_params(fence)) != 1:
+            raise LeaseFenceError()
+        self._journal(tx, kind, request_id, from_state, final, now)
+        self._complete_soft_drain_if_settled(tx, fence.owner_instance_id, now)
 
     def _transition(self, fence: LeaseFence, expected: RequestState, target: RequestState, now: int) -> None:
         v.timestamp(now, "lease transition timestamp")
