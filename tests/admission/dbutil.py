@@ -1,83 +1,194 @@
-"""Direct inspection of an admission database file with the standard-library ``sqlite3``.
+"""Direct inspection (and corruption) of an admission database, bypassing the service under test.
 
-The contract tests look at rows the way an operator (or an attacker with file access)
-would: straight through SQLite, never through the service layer under test.
+The contract tests look at rows the way an operator (or an attacker with database access)
+would. Every function takes the database the fixtures hand out: an SQLite file path (read
+with the stdlib ``sqlite3``, so tests may switch foreign keys off) or a PostgreSQL URL (read
+through a cached SQLAlchemy engine with ``postgresql+psycopg``). SQL is written with ``?``
+placeholders on both.
 """
 
 from __future__ import annotations
 
 import re
 import sqlite3
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from functools import cache
 from typing import Any
 
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.engine import make_url
+
 TableDump = dict[str, list[tuple[Any, ...]]]
+Params = tuple[Any, ...]
+
+_PG_TABLES = (
+    "SELECT table_name FROM information_schema.tables "
+    "WHERE table_schema = current_schema() AND table_type = 'BASE TABLE' ORDER BY table_name"
+)
+_SQLITE_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_stat%' ORDER BY name"
 
 
-def connect(path: str) -> sqlite3.Connection:
-    """An autocommit connection to the database file (foreign keys on, as the plane runs)."""
+def is_postgres(database: str) -> bool:
+    """Whether ``database`` names a PostgreSQL database (anything else is an SQLite file path)."""
+    return database.startswith("postgresql")
+
+
+@cache
+def pg_engine(url: str) -> Engine:
+    """An autocommit engine on the PostgreSQL database ``url``, shared by every call in the session."""
+    parsed = make_url(url)
+    if parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return create_engine(parsed, isolation_level="AUTOCOMMIT", pool_pre_ping=True, pool_size=1)
+
+
+def _sqlite(path: str, foreign_keys: bool = True) -> sqlite3.Connection:
     connection = sqlite3.connect(path, isolation_level=None, timeout=5)
-    connection.execute("PRAGMA foreign_keys = ON")
+    connection.execute(f"PRAGMA foreign_keys = {'ON' if foreign_keys else 'OFF'}")
     return connection
 
 
-def table_dump(path: str) -> TableDump:
-    """Every row of every table (``sqlite_sequence`` and ``alembic_version`` included), sorted.
-
-    Two equal dumps mean an operation left the database exactly as it was.
-    """
-    with closing(connect(path)) as connection:
-        names = [
-            row[0]
-            for row in connection.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_stat%' ORDER BY name"
-            )
-        ]
-        return {
-            name: sorted(connection.execute(f'SELECT * FROM "{name}"').fetchall(), key=repr) for name in names
-        }
+def _pg_sql(sql: str) -> str:
+    # psycopg's placeholder is %s, so a literal % must be doubled (the statements hold no '?' literals).
+    return sql.replace("%", "%%").replace("?", "%s")
 
 
-def query(path: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """All rows of one statement."""
-    with closing(connect(path)) as connection:
+def _plain(value: Any) -> Any:
+    return bytes(value) if isinstance(value, memoryview) else value
+
+
+def query(database: str, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
+    """All rows of one statement, as plain tuples (``bytea`` read as ``bytes``)."""
+    if is_postgres(database):
+        with pg_engine(database).connect() as connection:
+            found = connection.exec_driver_sql(_pg_sql(sql), params).fetchall()
+        return [tuple(_plain(value) for value in row) for row in found]
+    with closing(_sqlite(database)) as connection:
         return connection.execute(sql, params).fetchall()
 
 
-def scalar(path: str, sql: str, params: tuple[Any, ...] = ()) -> Any:
+def scalar(database: str, sql: str, params: Params = ()) -> Any:
     """The first column of the first row (``None`` when there is no row)."""
-    rows = query(path, sql, params)
-    return rows[0][0] if rows else None
+    found = query(database, sql, params)
+    return found[0][0] if found else None
 
 
-def count(path: str, table: str, where: str = "1", params: tuple[Any, ...] = ()) -> int:
+def count(database: str, table: str, where: str = "TRUE", params: Params = ()) -> int:
     """``SELECT COUNT(*)`` of ``table`` filtered by ``where``."""
-    return scalar(path, f"SELECT COUNT(*) FROM {table} WHERE {where}", params)
+    return scalar(database, f'SELECT COUNT(*) FROM "{table}" WHERE {where}', params)
 
 
-def execute(path: str, sql: str, params: tuple[Any, ...] = ()) -> int:
-    """Run one statement (DDL or DML) in its own transaction; return the changed row count."""
-    with closing(connect(path)) as connection:
-        return connection.execute(sql, params).rowcount
+def execute(database: str, *statements: str, params: Params = (), foreign_keys: bool = True) -> int:
+    """Run ``statements`` (DDL or DML, each with ``params``) in one committed transaction.
+
+    ``foreign_keys=False`` lets a test write rows the schema's references would refuse
+    (PostgreSQL: ``session_replication_role = replica`` skips the foreign-key triggers).
+    Returns the number of changed rows.
+    """
+    changed = 0
+    if is_postgres(database):
+        with pg_engine(database).connect() as connection, connection.begin():
+            if not foreign_keys:
+                connection.exec_driver_sql("SET LOCAL session_replication_role = replica")
+            for statement in statements:
+                changed += max(connection.exec_driver_sql(_pg_sql(statement), params).rowcount, 0)
+        return changed
+    with closing(_sqlite(database, foreign_keys)) as connection:
+        connection.execute("BEGIN IMMEDIATE")
+        for statement in statements:
+            changed += max(connection.execute(statement, params).rowcount, 0)
+        connection.execute("COMMIT")
+    return changed
 
 
-def request_state(path: str, request_id: str) -> str | None:
+def table_names(database: str) -> list[str]:
+    """Every table of the database (SQLite: ``sqlite_sequence`` included, statistics excluded), by name."""
+    return [row[0] for row in query(database, _PG_TABLES if is_postgres(database) else _SQLITE_TABLES)]
+
+
+def table_dump(database: str) -> TableDump:
+    """Every row of every table (``alembic_version`` included), each table's rows sorted.
+
+    Two equal dumps mean an operation left the database exactly as it was.
+    """
+    return {name: sorted(query(database, f'SELECT * FROM "{name}"'), key=repr) for name in table_names(database)}
+
+
+def request_state(database: str, request_id: str) -> str | None:
     """``turn_requests.state`` of one request (``None`` when absent)."""
-    return scalar(path, "SELECT state FROM turn_requests WHERE request_id = ?", (request_id,))
+    return scalar(database, "SELECT state FROM turn_requests WHERE request_id = ?", (request_id,))
 
 
-def event_kinds(path: str) -> list[tuple[str, str, str]]:
+def lease_phase(database: str, lease_id: str) -> str | None:
+    """``leases.phase`` of one lease (``None`` when absent)."""
+    return scalar(database, "SELECT phase FROM leases WHERE lease_id = ?", (lease_id,))
+
+
+def event_kinds(database: str) -> list[tuple[str, str, str]]:
     """``(kind, from_state, to_state)`` of every journal row, in sequence order."""
-    return query(path, "SELECT kind, from_state, to_state FROM events ORDER BY event_seq")
+    return query(database, "SELECT kind, from_state, to_state FROM events ORDER BY event_seq")
 
 
-ABORT_EVENT_INSERTS = (
-    "CREATE TRIGGER abort_event_inserts BEFORE INSERT ON events "
-    "BEGIN SELECT RAISE(ABORT, 'journal fault injected'); END"
-)
-DROP_ABORT_EVENT_INSERTS = "DROP TRIGGER abort_event_inserts"
+_JOURNAL_FAULT = {
+    "sqlite": (
+        "CREATE TRIGGER abort_event_inserts BEFORE INSERT ON events "
+        "BEGIN SELECT RAISE(ABORT, 'journal fault injected'); END",
+    ),
+    "postgresql": (
+        "CREATE FUNCTION abort_event_insert() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN RAISE EXCEPTION 'journal fault injected'; END $$",
+        "CREATE TRIGGER abort_event_inserts BEFORE INSERT ON events "
+        "FOR EACH ROW EXECUTE FUNCTION abort_event_insert()",
+    ),
+}
+_CLEAR_JOURNAL_FAULT = {
+    "sqlite": ("DROP TRIGGER IF EXISTS abort_event_inserts",),
+    "postgresql": (
+        "DROP TRIGGER IF EXISTS abort_event_inserts ON events",
+        "DROP FUNCTION IF EXISTS abort_event_insert()",
+    ),
+}
+
+
+def _dialect(database: str) -> str:
+    return "postgresql" if is_postgres(database) else "sqlite"
+
+
+@contextmanager
+def journal_fault(database: str) -> Iterator[None]:
+    """Inside the block every journal insert fails in the database (a trigger raising
+    ``journal fault injected``), so the writing transaction must roll back."""
+    execute(database, *_JOURNAL_FAULT[_dialect(database)])
+    try:
+        yield
+    finally:
+        clear_journal_fault(database)
+
+
+def clear_journal_fault(database: str) -> None:
+    """Remove the trigger of :func:`journal_fault` (a no-op when there is none)."""
+    execute(database, *_CLEAR_JOURNAL_FAULT[_dialect(database)])
 
 
 def exactly(message: str) -> str:
     """A ``pytest.raises(match=...)`` pattern that matches ``message`` and nothing else."""
     return f"^{re.escape(message)}$"
+
+
+__all__ = [
+    "clear_journal_fault",
+    "count",
+    "event_kinds",
+    "exactly",
+    "execute",
+    "is_postgres",
+    "journal_fault",
+    "lease_phase",
+    "pg_engine",
+    "query",
+    "request_state",
+    "scalar",
+    "table_dump",
+    "table_names",
+]

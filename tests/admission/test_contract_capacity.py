@@ -7,12 +7,10 @@ from collections.abc import Callable
 
 import pytest
 from dbutil import (
-    ABORT_EVENT_INSERTS,
-    DROP_ABORT_EVENT_INSERTS,
     count,
     event_kinds,
     exactly,
-    execute,
+    journal_fault,
     query,
     request_state,
     table_dump,
@@ -279,10 +277,8 @@ def test_mark_starting_rolls_back_when_its_event_cannot_be_written(
     enqueue(plane, "started", now=0)
     lease = admit(plane, 1)
     before = table_dump(database_url)
-    execute(database_url, ABORT_EVENT_INSERTS)
-    with pytest.raises(AdmissionDatabaseError, match="journal fault injected"):
+    with journal_fault(database_url), pytest.raises(AdmissionDatabaseError, match="journal fault injected"):
         plane.mark_starting(lease, 2)
-    execute(database_url, DROP_ABORT_EVENT_INSERTS)
     assert table_dump(database_url) == before
     assert count(database_url, "start_history") == 0
 

@@ -9,8 +9,7 @@ from typing import Any
 
 import attrs
 import pytest
-from _dump import count, events, execute, lease_phase, request_state, rows, table_dump
-from dbutil import ABORT_EVENT_INSERTS, DROP_ABORT_EVENT_INSERTS
+from dbutil import count, event_kinds, journal_fault, lease_phase, query, request_state, table_dump
 from planes import dispatch_record, enqueue, lease_in_phase
 
 from admission_plane import (
@@ -107,7 +106,7 @@ def test_identity_row_holds_every_connector_and_child_field_and_the_prompt_chann
     """AC-51: exactly one identity row holds the fence, the prompt channel and every connector and child field."""
     record = dispatch_record(clocked, starting, prompt_channel="pty")
     clocked.record_process_identity(record)
-    assert rows(database_url, f"SELECT {IDENTITY_COLUMNS} FROM lease_process_identities") == [
+    assert query(database_url, f"SELECT {IDENTITY_COLUMNS} FROM lease_process_identities") == [
         expected_identity_row(record, CLOCK_MS)
     ]
 
@@ -116,9 +115,9 @@ def test_dispatch_intent_journals_one_event_at_the_wall_clock(
     clocked: AdmissionPlane, starting: AdmittedLease, database_url: str
 ) -> None:
     """AC-51: one request_dispatch_intent(starting→dispatch_intent) event, stamped by the clock, not a caller value."""
-    before = len(events(database_url))
+    before = len(event_kinds(database_url))
     clocked.record_process_identity(dispatch_record(clocked, starting))
-    assert rows(database_url, "SELECT kind, from_state, to_state, occurred_at FROM events WHERE event_seq > ?",
+    assert query(database_url, "SELECT kind, from_state, to_state, occurred_at FROM events WHERE event_seq > ?",
                 (before,)) == [("request_dispatch_intent", "starting", "dispatch_intent", CLOCK_MS)]
 
 
@@ -127,7 +126,7 @@ def test_dispatch_intent_stamps_the_lease_heartbeat_with_the_wall_clock(
 ) -> None:
     """AC-51: the lease heartbeat is the commit's wall-clock time."""
     clocked.record_process_identity(dispatch_record(clocked, starting))
-    assert rows(database_url, "SELECT heartbeat_at FROM leases") == [(CLOCK_MS,)]
+    assert query(database_url, "SELECT heartbeat_at FROM leases") == [(CLOCK_MS,)]
 
 
 def test_default_clock_is_the_real_wall_clock_in_milliseconds(plane: AdmissionPlane, database_url: str) -> None:
@@ -136,7 +135,7 @@ def test_default_clock_is_the_real_wall_clock_in_milliseconds(plane: AdmissionPl
     low = time.time_ns() // 1_000_000
     plane.record_process_identity(dispatch_record(plane, lease))
     high = time.time_ns() // 1_000_000
-    (recorded_at, heartbeat_at), = rows(database_url, "SELECT i.recorded_at, l.heartbeat_at "
+    (recorded_at, heartbeat_at), = query(database_url, "SELECT i.recorded_at, l.heartbeat_at "
                                         "FROM lease_process_identities i JOIN leases l USING (lease_id)")
     assert low <= recorded_at == heartbeat_at <= high
 
@@ -147,7 +146,7 @@ def test_seed_camel_case_record_is_accepted(
     """AC-51: the seed's camelCase mapping records the same row as the DispatchRecord value."""
     record = dispatch_record(clocked, starting)
     assert clocked.record_process_identity(seed_mapping(record)) == RECORDED
-    assert rows(database_url, f"SELECT {IDENTITY_COLUMNS} FROM lease_process_identities") == [
+    assert query(database_url, f"SELECT {IDENTITY_COLUMNS} FROM lease_process_identities") == [
         expected_identity_row(record, CLOCK_MS)
     ]
 
@@ -255,7 +254,7 @@ def test_different_record_after_a_durable_identity_conflicts_from_both_entry_poi
     assert clocked.commit_dispatch_intent(second) == not_committed("conflicting_intent")
     assert clocked.record_process_identity(second) == not_recorded("conflicting_intent")
     assert table_dump(database_url) == before
-    assert rows(database_url, f"SELECT {IDENTITY_COLUMNS} FROM lease_process_identities") == [
+    assert query(database_url, f"SELECT {IDENTITY_COLUMNS} FROM lease_process_identities") == [
         expected_identity_row(first, CLOCK_MS)
     ]
 
@@ -421,7 +420,7 @@ def test_fault_after_identity_persisted_reports_transaction_fault_and_rolls_back
     assert table_dump(database_url) == before
     assert count(database_url, "lease_process_identities") == 0
     assert (lease_phase(database_url, lease.lease_id), request_state(database_url, "r1")) == ("starting", "starting")
-    assert ("request_dispatch_intent", "starting", "dispatch_intent") not in events(database_url)
+    assert ("request_dispatch_intent", "starting", "dispatch_intent") not in event_kinds(database_url)
 
 
 def test_fresh_plane_records_the_identity_after_a_faulted_attempt(
@@ -436,18 +435,15 @@ def test_fresh_plane_records_the_identity_after_a_faulted_attempt(
     assert reopened.record_process_identity(record) == RECORDED
     assert reopened.commit_dispatch_intent(record) == COMMITTED_AGAIN
     assert count(database_url, "lease_process_identities") == 1
-    assert events(database_url).count(("request_dispatch_intent", "starting", "dispatch_intent")) == 1
+    assert event_kinds(database_url).count(("request_dispatch_intent", "starting", "dispatch_intent")) == 1
 
 
 def test_driver_error_inside_the_transaction_is_reported_as_transaction_fault(
     clocked: AdmissionPlane, starting: AdmittedLease, database_url: str
 ) -> None:
     """AC-55: a non-contention driver error (an aborting journal trigger) is transaction_fault, never raised."""
-    execute(database_url, ABORT_EVENT_INSERTS)
-    try:
+    with journal_fault(database_url):
         result = clocked.record_process_identity(dispatch_record(clocked, starting))
-    finally:
-        execute(database_url, DROP_ABORT_EVENT_INSERTS)
     assert result == not_recorded("transaction_fault")
     assert count(database_url, "lease_process_identities") == 0
     assert lease_phase(database_url, starting.lease_id) == "starting"

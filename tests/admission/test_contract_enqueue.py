@@ -10,12 +10,10 @@ from typing import Any
 import attrs
 import pytest
 from dbutil import (
-    ABORT_EVENT_INSERTS,
-    DROP_ABORT_EVENT_INSERTS,
     count,
     event_kinds,
     exactly,
-    execute,
+    journal_fault,
     query,
     request_state,
     table_dump,
@@ -526,19 +524,15 @@ def test_malformed_owner_identity_is_refused_before_any_write(plane: AdmissionPl
 def test_journal_fault_rolls_the_whole_enqueue_back(plane: AdmissionPlane, database_url: str) -> None:
     """AC-18: when the event insert aborts, the caller sees the SQLite error; no request, payload or event remains."""
     before = table_dump(database_url)
-    execute(database_url, ABORT_EVENT_INSERTS)
-    with pytest.raises(AdmissionDatabaseError, match="journal fault injected"):
+    with journal_fault(database_url), pytest.raises(AdmissionDatabaseError, match="journal fault injected"):
         enqueue(plane, "faulted", now=0)
-    execute(database_url, DROP_ABORT_EVENT_INSERTS)
     assert table_dump(database_url) == before
     assert [count(database_url, table) for table in ("turn_requests", "turn_payloads", "events")] == [0, 0, 0]
 
 
 def test_enqueue_succeeds_once_the_journal_fault_is_removed(plane: AdmissionPlane, database_url: str) -> None:
     """AC-18: after the aborting trigger is dropped the same enqueue succeeds as a new request."""
-    execute(database_url, ABORT_EVENT_INSERTS)
-    with pytest.raises(AdmissionDatabaseError):
+    with journal_fault(database_url), pytest.raises(AdmissionDatabaseError):
         enqueue(plane, "faulted", now=0)
-    execute(database_url, DROP_ABORT_EVENT_INSERTS)
     assert enqueue(plane, "faulted", now=0).existed is False
     assert plane.read_payload("faulted", 1) == "prompt for faulted"

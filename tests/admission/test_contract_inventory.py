@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 import pytest
-from _dump import exactly, execute
+from dbutil import exactly, execute
 from fake_proc import OWNER_B, connector
 from planes import activate, admit, dispatch_record, enqueue, lease_in_phase
 

@@ -188,7 +188,7 @@ def test_a_tampered_row_yields_no_partial_page(plane: AdmissionPlane, database_u
     """AC-86: the page containing the bad row fails as a whole; a page that stops before it still reads."""
     run_lifecycle(plane)
     third = query(database_url, "SELECT event_seq FROM events ORDER BY event_seq LIMIT 1 OFFSET 2")[0][0]
-    execute(database_url, "UPDATE events SET kind = 'raw_error_detail' WHERE event_seq = ?", (third,))
+    execute(database_url, "UPDATE events SET kind = 'raw_error_detail' WHERE event_seq = ?", params=(third,))
     with pytest.raises(AdmissionStateError, match=exactly(NOT_ALLOWLISTED)):
         plane.read_sanitized_events(after_event_seq=0, limit=3)
     assert len(plane.read_sanitized_events(after_event_seq=0, limit=2)) == 2
@@ -216,7 +216,7 @@ def test_every_allowlisted_transition_reads_back(
 ) -> None:
     """AC-86/AC-87: a well-formed row of any allowlisted transition passes the read-side checks."""
     execute(database_url, "INSERT INTO events (kind, from_state, to_state, occurred_at, correlation_hmac)"
-                          " VALUES (?, ?, ?, 5, ?)", (*transition, CORRELATION_REQUEST_1))
+                          " VALUES (?, ?, ?, 5, ?)", params=(*transition, CORRELATION_REQUEST_1))
     [event] = read_all(plane)
     assert (event.kind, event.from_state, event.to_state, event.occurred_at) == (*transition, 5)
 

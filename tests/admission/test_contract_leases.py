@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 import pytest
-from _dump import count, events, exactly, lease_phase, request_state, rows, scalar, table_dump
+from dbutil import count, event_kinds, exactly, lease_phase, query, request_state, scalar, table_dump
 from planes import SEAT_PHASES, dispatch_record, enqueue, lease_in_phase
 
 from admission_plane import (
@@ -126,9 +126,9 @@ def test_heartbeat_refreshes_heartbeat_and_clears_suspicion(plane: AdmissionPlan
     """AC-48: a heartbeat sets heartbeat_at to now and clears suspect_since and suspect_reason."""
     lease = lease_in_phase(plane, "active")
     assert plane.mark_suspect(lease.fence, 9_000, "heartbeat_expired")
-    assert rows(database_url, "SELECT suspect_since, suspect_reason FROM leases") == [(9_000, "heartbeat_expired")]
+    assert query(database_url, "SELECT suspect_since, suspect_reason FROM leases") == [(9_000, "heartbeat_expired")]
     plane.heartbeat(lease, 9_500)
-    assert rows(database_url, "SELECT heartbeat_at, suspect_since, suspect_reason FROM leases") == [
+    assert query(database_url, "SELECT heartbeat_at, suspect_since, suspect_reason FROM leases") == [
         (9_500, None, None)
     ]
 
@@ -136,9 +136,9 @@ def test_heartbeat_refreshes_heartbeat_and_clears_suspicion(plane: AdmissionPlan
 def test_heartbeat_writes_no_event(plane: AdmissionPlane, database_url: str) -> None:
     """AC-48: the heartbeat is not journalled."""
     lease = lease_in_phase(plane, "active")
-    before = events(database_url)
+    before = event_kinds(database_url)
     plane.heartbeat(lease, 9_500)
-    assert events(database_url) == before
+    assert event_kinds(database_url) == before
 
 
 @pytest.mark.parametrize("phase", SEAT_PHASES)
@@ -146,7 +146,7 @@ def test_heartbeat_is_accepted_in_every_seat_phase(plane: AdmissionPlane, databa
     """AC-48: a heartbeat is accepted in every seat-holding phase and leaves the phase alone."""
     lease = lease_in_phase(plane, phase)
     plane.heartbeat(lease, 9_500)
-    assert rows(database_url, "SELECT phase, heartbeat_at FROM leases") == [(phase, 9_500)]
+    assert query(database_url, "SELECT phase, heartbeat_at FROM leases") == [(phase, 9_500)]
 
 
 def test_heartbeat_is_visible_in_the_recovery_inventory(plane: AdmissionPlane) -> None:
@@ -198,11 +198,11 @@ def test_generic_transition_moves_lease_and_request_together_and_journals_it(
 ) -> None:
     """AC-49: a generic transition moves lease phase and request state, stamps heartbeat_at, and journals once."""
     lease = lease_in_phase(plane, source)
-    before = len(events(database_url))
+    before = len(event_kinds(database_url))
     FENCED[operation](plane, lease, 9_000)
-    assert rows(database_url, "SELECT phase, heartbeat_at FROM leases") == [(target, 9_000)]
+    assert query(database_url, "SELECT phase, heartbeat_at FROM leases") == [(target, 9_000)]
     assert request_state(database_url, lease.request_id) == target
-    assert rows(database_url, "SELECT kind, from_state, to_state, occurred_at FROM events WHERE event_seq > ?",
+    assert query(database_url, "SELECT kind, from_state, to_state, occurred_at FROM events WHERE event_seq > ?",
                 (before,)) == [(kind, source, target, 9_000)]
 
 
@@ -236,7 +236,7 @@ def test_dispatch_ambiguous_keeps_lease_and_identity(one_seat: AdmissionPlane, d
     one_seat.mark_dispatch_ambiguous(lease, 9_000)
     assert request_state(database_url, lease.request_id) == "dispatch_ambiguous"
     assert count(database_url, "leases") == 1
-    assert rows(database_url, "SELECT prompt_channel FROM lease_process_identities") == [("pty",)]
+    assert query(database_url, "SELECT prompt_channel FROM lease_process_identities") == [("pty",)]
 
 
 def test_dispatch_ambiguous_holds_the_only_seat(one_seat: AdmissionPlane, database_url: str) -> None:

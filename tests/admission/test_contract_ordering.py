@@ -10,12 +10,11 @@ from collections.abc import Callable
 import attrs
 import pytest
 from dbutil import (
-    ABORT_EVENT_INSERTS,
-    DROP_ABORT_EVENT_INSERTS,
     count,
     event_kinds,
     exactly,
     execute,
+    journal_fault,
     query,
     request_state,
     table_dump,
@@ -301,10 +300,8 @@ def test_timeout_sweep_rolls_back_when_its_event_cannot_be_written(plane: Admiss
     """AC-34: if the timeout event insert fails the call raises, the request stays queued and its payload readable."""
     enqueue(plane, "late", now=0)
     before = table_dump(database_url)
-    execute(database_url, ABORT_EVENT_INSERTS)
-    with pytest.raises(AdmissionDatabaseError, match="journal fault injected"):
+    with journal_fault(database_url), pytest.raises(AdmissionDatabaseError, match="journal fault injected"):
         plane.admit_next(TIMEOUT, OWNER)
-    execute(database_url, DROP_ABORT_EVENT_INSERTS)
     assert table_dump(database_url) == before
     assert plane.read_payload("late", TIMEOUT - 1) == "prompt for late"
 

@@ -147,7 +147,7 @@ def test_swapping_sealed_payloads_between_two_rows_fails_both_reads(plane: Admis
     sealed = {row[0]: row[1:] for row in rows}
     for target, source in (("row-a", "row-b"), ("row-b", "row-a")):
         execute(database_url, "UPDATE turn_payloads SET nonce = ?, ciphertext = ?, auth_tag = ? WHERE request_id = ?",
-                (*sealed[source], target))
+                params=(*sealed[source], target))
     for request_id in ("row-a", "row-b"):
         with pytest.raises(PayloadIntegrityError, match=exactly("request payload failed authentication")):
             plane.read_payload(request_id, 1)
@@ -160,7 +160,7 @@ def test_a_flipped_byte_in_any_sealed_column_fails_authentication(
     """AC-21: altering one byte of the nonce, ciphertext or tag makes the read fail with PayloadIntegrityError."""
     enqueue(plane, "tampered", now=0)
     [(value,)] = query(database_url, f"SELECT {column} FROM turn_payloads")
-    execute(database_url, f"UPDATE turn_payloads SET {column} = ?", (bytes([value[0] ^ 1]) + value[1:],))
+    execute(database_url, f"UPDATE turn_payloads SET {column} = ?", params=(bytes([value[0] ^ 1]) + value[1:],))
     with pytest.raises(PayloadIntegrityError):
         plane.read_payload("tampered", 1)
 

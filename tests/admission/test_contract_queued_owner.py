@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from _dump import count, events, exactly, execute, rows, table_dump
+from dbutil import count, event_kinds, exactly, execute, query, table_dump
 from fake_proc import OWNER_B, connector
 from planes import enqueue, lease_in_phase
 
@@ -22,25 +22,26 @@ def queued(plane: AdmissionPlane) -> AdmissionPlane:
 def test_settle_cancels_the_queued_request_of_its_dead_owner(queued: AdmissionPlane, database_url: str) -> None:
     """AC-77: settling returns true, cancels the request at now and deletes its payload."""
     assert queued.settle_queued_owner_death("r1", OWNER_B, 5_000) is True
-    assert rows(database_url, "SELECT state, terminal_at FROM turn_requests") == [("cancelled", 5_000)]
+    assert query(database_url, "SELECT state, terminal_at FROM turn_requests") == [("cancelled", 5_000)]
     assert count(database_url, "turn_payloads") == 0
 
 
 def test_settle_journals_one_queued_owner_dead_event(queued: AdmissionPlane, database_url: str) -> None:
     """AC-77: exactly one queued_owner_dead(queued→cancelled) event at now."""
     queued.settle_queued_owner_death("r1", OWNER_B, 5_000)
-    assert rows(database_url, "SELECT kind, from_state, to_state, occurred_at FROM events WHERE kind != "
+    assert query(database_url, "SELECT kind, from_state, to_state, occurred_at FROM events WHERE kind != "
                               "'request_enqueued'") == [("queued_owner_dead", "queued", "cancelled", 5_000)]
 
 
 def test_settle_keeps_the_owner_binding_and_the_owner_row(queued: AdmissionPlane, database_url: str) -> None:
     """AC-77: the binding columns and the queued owner row survive the settlement."""
-    binding = rows(database_url, "SELECT queued_owner_instance_id, queued_owner_recorded_at FROM turn_requests")
-    owners = rows(database_url, "SELECT * FROM queued_owner_instances")
+    binding = query(database_url, "SELECT queued_owner_instance_id, queued_owner_recorded_at FROM turn_requests")
+    owners = query(database_url, "SELECT * FROM queued_owner_instances")
     queued.settle_queued_owner_death("r1", OWNER_B, 5_000)
     assert binding == [(OWNER_B, 100)]
-    assert rows(database_url, "SELECT queued_owner_instance_id, queued_owner_recorded_at FROM turn_requests") == binding
-    assert rows(database_url, "SELECT * FROM queued_owner_instances") == owners
+    binding_columns = "SELECT queued_owner_instance_id, queued_owner_recorded_at FROM turn_requests"
+    assert query(database_url, binding_columns) == binding
+    assert query(database_url, "SELECT * FROM queued_owner_instances") == owners
 
 
 def test_second_settlement_returns_false_and_writes_nothing(queued: AdmissionPlane, database_url: str) -> None:
@@ -127,4 +128,4 @@ def test_settlement_arguments_are_validated_before_any_write(
     with pytest.raises(InvalidInputError, match=exactly(message)):
         queued.settle_queued_owner_death(request_id, owner, now)  # type: ignore[arg-type]
     assert table_dump(database_url) == before
-    assert events(database_url) == [("request_enqueued", "absent", "queued")]
+    assert event_kinds(database_url) == [("request_enqueued", "absent", "queued")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from _dump import count, events, exactly, request_state, rows, table_dump
+from dbutil import count, event_kinds, exactly, query, request_state, table_dump
 from planes import SEAT_PHASES, enqueue, lease_in_phase
 
 from admission_plane import (
@@ -27,12 +27,12 @@ OTHER_CATEGORIES = [category for category in FailureCategory if category is not 
 
 
 def new_events(path: str, after: int) -> list[tuple[str, str, str, int]]:
-    return rows(path, "SELECT kind, from_state, to_state, occurred_at FROM events WHERE event_seq > ? "
+    return query(path, "SELECT kind, from_state, to_state, occurred_at FROM events WHERE event_seq > ? "
                       "ORDER BY event_seq", (after,))
 
 
 def terminal(path: str, request_id: str = "r1") -> tuple[str, int | None]:
-    (found,) = rows(path, "SELECT state, terminal_at FROM turn_requests WHERE request_id = ?", (request_id,))
+    (found,) = query(path, "SELECT state, terminal_at FROM turn_requests WHERE request_id = ?", (request_id,))
     return found
 
 
@@ -53,7 +53,7 @@ def test_completion_journals_provider_terminal_then_released_at_now(
 ) -> None:
     """AC-59: completing an active turn journals provider_terminal then released(provider_terminal→completed)."""
     lease = lease_in_phase(plane, "active", now=100)
-    after = len(events(database_url))
+    after = len(event_kinds(database_url))
     plane.complete_live_turn(lease, 1_000, COMPLETED)
     assert new_events(database_url, after) == [
         ("request_provider_terminal", "active", "provider_terminal", 1_000),
@@ -101,7 +101,7 @@ def test_capacity_failure_fails_the_request_and_starts_a_cooldown(plane: Admissi
     plane.complete_live_turn(lease, 1_000, CAPACITY)
     assert terminal(database_url) == ("failed", 1_000)
     assert count(database_url, "leases") == 0
-    assert rows(database_url, "SELECT provider, model, not_before, updated_at FROM cooldowns") == [
+    assert query(database_url, "SELECT provider, model, not_before, updated_at FROM cooldowns") == [
         ("antigravity", "model-test", 31_000, 1_000)
     ]
 
@@ -113,7 +113,7 @@ def test_capacity_cooldown_length_comes_from_the_planes_policy(
     plane = make_plane(policy=Policy(3, 1, 0, 1_800_000, 45_000))
     lease = lease_in_phase(plane, "active", now=100)
     plane.complete_live_turn(lease, 1_000, CAPACITY)
-    assert rows(database_url, "SELECT not_before FROM cooldowns") == [(46_000,)]
+    assert query(database_url, "SELECT not_before FROM cooldowns") == [(46_000,)]
 
 
 @pytest.mark.parametrize(
@@ -132,7 +132,7 @@ def test_capacity_cooldown_merges_with_an_existing_row_by_max(
     lease = lease_in_phase(plane, "active", now=100)
     plane.set_capacity_cooldown("antigravity", "model-test", *existing)
     plane.complete_live_turn(lease, 1_000, CAPACITY)
-    assert rows(database_url, "SELECT not_before, updated_at FROM cooldowns") == [merged]
+    assert query(database_url, "SELECT not_before, updated_at FROM cooldowns") == [merged]
 
 
 def test_capacity_cooldown_holds_back_the_same_model_until_it_ends(plane: AdmissionPlane) -> None:
@@ -248,7 +248,7 @@ def test_cancelled_and_uncategorised_failed_complete_like_a_success(
 ) -> None:
     """AC-63: cancelled and uncategorised failed end with the same two events and free the lease."""
     lease = lease_in_phase(plane, "active", now=100)
-    after = len(events(database_url))
+    after = len(event_kinds(database_url))
     plane.complete_live_turn(lease, 1_000, LiveTurnCompletion(outcome))  # type: ignore[arg-type]
     assert new_events(database_url, after) == [
         ("request_provider_terminal", "active", "provider_terminal", 1_000),
@@ -277,7 +277,7 @@ def test_abandon_before_prompt_ends_the_request_with_the_outcome(
 ) -> None:
     """AC-64: abandoning before the prompt ends the request, deletes payload and lease, and journals it."""
     lease = lease_in_phase(plane, phase, now=100)
-    after = len(events(database_url))
+    after = len(event_kinds(database_url))
     plane.abandon_before_prompt(lease, 1_000, outcome)
     assert terminal(database_url) == (outcome, 1_000)
     assert (count(database_url, "turn_payloads"), count(database_url, "leases")) == (0, 0)
@@ -329,10 +329,10 @@ def test_freeing_the_last_seat_completes_a_soft_drain(
     lease = lease_in_phase(plane, phase, now=100)
     plane.begin_soft_drain_to_1("operator", 500)
     free(plane, lease, 1_000)
-    assert rows(database_url, "SELECT max_active_turns, drain_state, updated_at FROM policy_state") == [
+    assert query(database_url, "SELECT max_active_turns, drain_state, updated_at FROM policy_state") == [
         (1, "steady", 1_000)
     ]
-    assert events(database_url)[-1] == ("policy_drain_completed", "policy_soft_draining_to_1", "policy_steady")
+    assert event_kinds(database_url)[-1] == ("policy_drain_completed", "policy_soft_draining_to_1", "policy_steady")
 
 
 # --- AC-65 execution recovery ---------------------------------------------------------------------------
@@ -344,10 +344,10 @@ def test_execution_recovery_retains_the_lease_as_recovery_required(
 ) -> None:
     """AC-65: lease and request become recovery_required (terminal_at, heartbeat = now), payload deleted, journalled."""
     lease = lease_in_phase(plane, phase, now=100)
-    after = len(events(database_url))
+    after = len(event_kinds(database_url))
     plane.mark_execution_recovery_required(lease, 1_000)
     assert terminal(database_url) == ("recovery_required", 1_000)
-    assert rows(database_url, "SELECT phase, heartbeat_at FROM leases") == [("recovery_required", 1_000)]
+    assert query(database_url, "SELECT phase, heartbeat_at FROM leases") == [("recovery_required", 1_000)]
     assert count(database_url, "turn_payloads") == 0
     assert new_events(database_url, after) == [("request_recovery_required", phase, "recovery_required", 1_000)]
 
@@ -393,7 +393,7 @@ def test_release_exited_recovery_seat_frees_the_seat_from_every_seat_phase(
 ) -> None:
     """AC-66: from any seat phase the request ends recovery_required, payload and lease go, one event is journalled."""
     lease = lease_in_phase(plane, phase, now=100)
-    after = len(events(database_url))
+    after = len(event_kinds(database_url))
     plane.release_exited_recovery_seat(lease, 1_000)
     assert terminal(database_url) == ("recovery_required", 1_000)
     assert (count(database_url, "turn_payloads"), count(database_url, "leases")) == (0, 0)

@@ -134,7 +134,7 @@ def test_a_payload_sealed_by_the_seed_opens_through_a_real_plane(make_plane: Pla
         database_url,
         "INSERT INTO turn_payloads (request_id, nonce, ciphertext, auth_tag, key_version, content_fingerprint,"
         " expires_at, created_at) VALUES ('r1', ?, ?, ?, 1, ?, 1000, 0)",
-        (VECTOR_NONCE, VECTOR_CIPHERTEXT, VECTOR_TAG, content_fingerprint(key(2), "r1", "hello")),
+        params=(VECTOR_NONCE, VECTOR_CIPHERTEXT, VECTOR_TAG, content_fingerprint(key(2), "r1", "hello")),
     )
     assert plane.read_payload("r1", 500) == "hello"
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import attrs
 import pytest
-from _dump import count, events, execute, lease_phase, request_state, rows
+from dbutil import count, event_kinds, execute, lease_phase, query, request_state
 from fake_proc import OTHER_BOOT, OWNER_B, FakeProc, NoInventoryProc, connector, process
 from planes import admit, dispatch_record, enqueue, lease_in_phase
 
@@ -51,7 +51,7 @@ def dispatched(plane: AdmissionPlane, phase: str, n: int = 1, now: int = 1_000, 
 
 
 def suspicion(path: str, lease: AdmittedLease) -> tuple[int | None, str | None]:
-    (found,) = rows(path, "SELECT suspect_since, suspect_reason FROM leases WHERE lease_id = ?", (lease.lease_id,))
+    (found,) = query(path, "SELECT suspect_since, suspect_reason FROM leases WHERE lease_id = ?", (lease.lease_id,))
     return found
 
 
@@ -80,7 +80,7 @@ def test_released_requests_stay_recovery_required_without_payload(
 ) -> None:
     """AC-68: the released requests remain recovery_required with no payload and no lease."""
     plane.reap_suspects(2_000, FakeProc(pids=[]))
-    assert rows(database_url, "SELECT state FROM turn_requests ORDER BY request_id") == [("recovery_required",)] * 3
+    assert query(database_url, "SELECT state FROM turn_requests ORDER BY request_id") == [("recovery_required",)] * 3
     assert (count(database_url, "turn_payloads"), count(database_url, "leases")) == (0, 0)
 
 
@@ -106,7 +106,7 @@ def test_release_is_journalled_from_the_lease_phase(plane: AdmissionPlane, datab
     """AC-68: a crashed active turn is released as request_recovery_seat_released(active→recovery_required)."""
     dispatched(plane, "active")
     plane.reap_suspects(2_000, FakeProc(pids=[]))
-    assert events(database_url)[-1] == ("request_recovery_seat_released", "active", "recovery_required")
+    assert event_kinds(database_url)[-1] == ("request_recovery_seat_released", "active", "recovery_required")
     assert request_state(database_url, "r1") == "recovery_required"
 
 
@@ -269,10 +269,10 @@ def test_already_recovery_required_lease_is_counted_again_without_an_event(
 ) -> None:
     """AC-73: an existing recovery_required lease is counted in markedRecoveryRequired, with no new event."""
     dispatched(plane, "recovery_required")
-    before = events(database_url)
+    before = event_kinds(database_url)
     result = plane.reap_suspects(2_000, FakeProc().alive(child()))
     assert result == summary(inspected=1, retained=1, marked_recovery_required=1)
-    assert events(database_url) == before
+    assert event_kinds(database_url) == before
 
 
 @pytest.mark.parametrize(
@@ -289,10 +289,10 @@ def test_live_connector_is_left_alone(
 ) -> None:
     """AC-73: while the connector is the same process the lease is only retained, whatever its child does."""
     lease = dispatched(plane, "active")
-    before = events(database_url)
+    before = event_kinds(database_url)
     assert plane.reap_suspects(2_000, make_readers()) == summary(inspected=1, retained=1)
     assert lease_phase(database_url, lease.lease_id) == "active"
-    assert events(database_url) == before
+    assert event_kinds(database_url) == before
 
 
 def test_reparented_live_child_keeps_its_seat(plane: AdmissionPlane, database_url: str) -> None:
@@ -342,7 +342,8 @@ def test_queued_owners_are_settled_before_dispatches_are_judged(plane: Admission
     enqueue(plane, "r-q", now=1_500, owner_identity=QUEUED_OWNER)
     result = plane.reap_suspects(2_000, FakeProc(pids=[]))
     assert result == summary(inspected=1, released=1, queued_settled=1)
-    assert [kind for kind, _, _ in events(database_url)[-2:]] == ["queued_owner_dead", "request_recovery_seat_released"]
+    last_two = [kind for kind, _, _ in event_kinds(database_url)[-2:]]
+    assert last_two == ["queued_owner_dead", "request_recovery_seat_released"]
 
 
 # --- AC-75 summary and inventory corruption -------------------------------------------------------------
@@ -419,6 +420,6 @@ def test_repeated_reaping_frees_seats_for_new_admissions_in_the_same_plane(
         one_seat.mark_starting(lease, t + 5)
         assert one_seat.commit_dispatch_intent(dispatch_record(one_seat, lease, child=child(n))).ok
         one_seat.mark_active(lease, t + 6)
-    assert rows(database_url, "SELECT state FROM turn_requests ORDER BY request_id") == [
+    assert query(database_url, "SELECT state FROM turn_requests ORDER BY request_id") == [
         ("recovery_required",), ("recovery_required",), ("recovery_required",), ("active",)
     ]
