@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from gates import IN_CI, require
@@ -24,15 +26,13 @@ def tmux_binary() -> str:
 POSTGRES_URL_VARIABLE = "ADMISSION_PLANE_TEST_POSTGRES_URL"
 
 
-@pytest.fixture
-def postgres_url() -> Iterator[str]:
-    """URL of a fresh, empty PostgreSQL database, dropped after the test.
+@contextmanager
+def fresh_postgres_database() -> Iterator[str]:
+    """Create an empty PostgreSQL database on the server of ``ADMISSION_PLANE_TEST_POSTGRES_URL``,
+    yield its URL, and drop it (closing any connection still open) afterwards.
 
-    The server comes from ``ADMISSION_PLANE_TEST_POSTGRES_URL``; without it the test
-    skips (fails in CI, where ``.ci/run`` sets it).
+    Without the variable, or with the server unreachable, the caller skips (fails in CI).
     """
-    import uuid
-
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
 
@@ -56,3 +56,20 @@ def postgres_url() -> Iterator[str]:
         with admin.connect() as connection:
             connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """URL of a fresh, empty PostgreSQL database, dropped after the test (for tests that change the schema)."""
+    with fresh_postgres_database() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def postgres_session_url() -> Iterator[str]:
+    """URL of one empty PostgreSQL database for the whole test run, dropped at its end.
+
+    Whoever uses it resets it between tests (see ``tests/admission/conftest.py``).
+    """
+    with fresh_postgres_database() as url:
+        yield url
