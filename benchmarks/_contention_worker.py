@@ -33,7 +33,20 @@ from admission_plane import (
 from admission_plane.evidence import capture
 
 T = TypeVar("T")
-RAW_KINDS = ("busy:", "database:", "sqlite3:")
+#: Error kinds that are raw driver errors (or database errors) reaching the connector.
+RAW_KINDS = ("busy:", "database:", "sqlite3:", "psycopg:")
+
+
+def _driver_errors() -> tuple[type[BaseException], ...]:
+    """The DB-API error bases a connector might see raw: sqlite3's, and psycopg's when installed."""
+    try:
+        import psycopg
+    except ImportError:
+        return (sqlite3.Error,)
+    return (sqlite3.Error, psycopg.Error)
+
+
+DRIVER_ERRORS = _driver_errors()
 COMPLETED = LiveTurnCompletion("completed")
 
 
@@ -45,10 +58,12 @@ def _kind(error: BaseException) -> str:
     if isinstance(error, AdmissionBusyError | AdmissionDatabaseError):
         cause = error.__cause__
         original = getattr(cause, "orig", cause)
-        name = getattr(original, "sqlite_errorname", type(original).__name__)
-        return f"{'busy' if isinstance(error, AdmissionBusyError) else 'database'}:{name}"
+        name = getattr(original, "sqlite_errorname", None) or getattr(original, "sqlstate", None)
+        return f"{'busy' if isinstance(error, AdmissionBusyError) else 'database'}:{name or type(original).__name__}"
     if isinstance(error, sqlite3.Error):
         return f"sqlite3:{getattr(error, 'sqlite_errorname', type(error).__name__)}"
+    if isinstance(error, DRIVER_ERRORS):
+        return f"psycopg:{getattr(error, 'sqlstate', None) or type(error).__name__}"
     if isinstance(error, AdmissionStateError):
         return f"state:{error}"
     return f"other:{type(error).__name__}:{error}"
@@ -78,7 +93,7 @@ class Connector:
         while True:
             try:
                 return call()
-            except (AdmissionError, sqlite3.Error) as error:
+            except (AdmissionError, *DRIVER_ERRORS) as error:
                 self.errors[_kind(error)] += 1
                 if isinstance(error, AdmissionStateError) and "start interval" not in str(error):
                     raise
@@ -156,7 +171,7 @@ class Connector:
 def main(argv: list[str] | None = None) -> int:
     """Open, report ready, wait for ``go``, run, report."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--database", required=True)
+    parser.add_argument("--database", required=True, help="SQLite file path or database URL (postgresql+psycopg://)")
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--hold-ms", type=float, default=0)

@@ -54,6 +54,15 @@ CONTENTION_CASES: tuple[tuple[int, int, int], ...] = (
     )
 )
 CONTENTION_SECONDS = 0.5 if QUICK else 5.0
+#: PostgreSQL contention cases (processes, hold ms, poll ms): the same worker on a fresh database.
+PG_CONTENTION_CASES: tuple[tuple[int, int, int], ...] = (
+    ((2, 0, 1),) if QUICK else tuple((p, 0, CONTENTION_POLL_MS) for p in CONTENTION_PROCESSES)
+)
+#: Admin URL of the PostgreSQL server the PG benchmarks create their database on.
+POSTGRES_URL_VARIABLE = "ADMISSION_PLANE_TEST_POSTGRES_URL"
+DEFAULT_POSTGRES_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+#: Tables a PG run keeps between cases (the migration ledgers); every other table is truncated.
+PG_KEPT_TABLES = frozenset({"schema_migrations", "alembic_version"})
 #: Transactions of one full turn: enqueue, admit, starting, dispatch intent, active, completed.
 TRANSACTIONS_PER_TURN = 6
 OPERATIONS = ("enqueue", "admit", "starting", "dispatch_intent", "active", "completed")
@@ -166,11 +175,28 @@ class TurnDriver:
         }
 
 
-def request_states(path: str | os.PathLike[str]) -> dict[str, int]:
-    """How many requests are in each state."""
-    with sqlite3.connect(os.fspath(path)) as connection:
-        rows = connection.execute("SELECT state, count(*) FROM turn_requests GROUP BY state").fetchall()
+def _rows(target: str | os.PathLike[str], sql: str) -> list[tuple[Any, ...]]:
+    """Rows of one read-only query on an SQLite file path or a database URL (PostgreSQL)."""
+    text_target = os.fspath(target)
+    if "://" in text_target:
+        from sqlalchemy import create_engine, text
+        from sqlalchemy.pool import NullPool
+
+        engine = create_engine(text_target, poolclass=NullPool)
+        try:
+            with engine.connect() as connection:
+                return [tuple(row) for row in connection.execute(text(sql))]
+        finally:
+            engine.dispose()
+    with sqlite3.connect(text_target) as connection:
+        rows = connection.execute(sql).fetchall()
     connection.close()
+    return rows
+
+
+def request_states(target: str | os.PathLike[str]) -> dict[str, int]:
+    """How many requests are in each state (SQLite file path or database URL)."""
+    rows = _rows(target, "SELECT state, count(*) FROM turn_requests GROUP BY state")
     return {state: count for state, count in rows}
 
 
@@ -178,15 +204,15 @@ _SEAT_TAKEN = {EventKind.REQUEST_ADMITTED}
 _SEAT_FREED = {EventKind.REQUEST_RELEASED, EventKind.REQUEST_ABANDONED, EventKind.REQUEST_RECOVERY_SEAT_RELEASED}
 
 
-def journal_peaks(path: str | os.PathLike[str]) -> dict[str, int]:
+def journal_peaks(target: str | os.PathLike[str]) -> dict[str, int]:
     """Replay the journal in commit order: the most seat-holding and the most ``active`` leases at once.
 
-    Every write transaction is serialised and the journal's ``event_seq`` follows commit
-    order, so the running counts are the exact numbers any committed state ever held.
+    Every write transaction is serialised (SQLite's write lock; on PostgreSQL the plane's
+    transaction-level advisory lock, taken before any statement of a writing unit), so the
+    journal's ``event_seq`` follows commit order and the running counts are the exact
+    numbers any committed state ever held.
     """
-    with sqlite3.connect(os.fspath(path)) as connection:
-        rows = connection.execute("SELECT kind, from_state, to_state FROM events ORDER BY event_seq").fetchall()
-    connection.close()
+    rows = _rows(target, "SELECT kind, from_state, to_state FROM events ORDER BY event_seq")
     seats = active = max_seats = max_active = 0
     for kind, from_state, to_state in rows:
         if kind in _SEAT_TAKEN:

@@ -2,7 +2,11 @@
 
 Database files live on the real disk (pytest's ``tmp_path``, which is on the root ext4
 file system here; ``BENCH_DISK_DIR`` overrides it) or on ``/dev/shm`` (tmpfs) for the
-tmpfs variants. At the end of the session the figures gathered in
+tmpfs variants. The PostgreSQL contention benchmarks share one fresh database per session
+(``ap_bench_<hex>``, created on the server named by ``ADMISSION_PLANE_TEST_POSTGRES_URL``,
+default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``, migrated to head, dropped
+at the end; the admission tables are truncated before each case) and skip with a one-line
+reason when no server is reachable. At the end of the session the figures gathered in
 :data:`benchmarks._support.RESULTS` are turned into the target ratios, printed, and
 written to ``bench-results/ratios.json`` (``BENCH_RESULTS_DIR`` overrides the folder).
 """
@@ -16,6 +20,7 @@ import shutil
 import sqlite3
 import subprocess
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,8 +31,11 @@ from admission_plane.evidence import ProcessIdentity, capture
 
 from ._support import (
     CONTENTION_POLICY,
+    DEFAULT_POSTGRES_ADMIN_URL,
     ORIGINAL_TURNS_PER_S_DISK,
     ORIGINAL_TURNS_PER_S_TMPFS,
+    PG_KEPT_TABLES,
+    POSTGRES_URL_VARIABLE,
     QUICK,
     RESULTS,
     TRANSACTIONS_PER_TURN,
@@ -82,6 +90,82 @@ def child_identity() -> ProcessIdentity:
     return capture(os.getpid())
 
 
+class _PostgresDatabase:
+    """A fresh, migrated PostgreSQL database for this session, or why there is none."""
+
+    def __init__(self) -> None:
+        self.url: str | None = None
+        self.unavailable: str | None = None
+
+
+@pytest.fixture(scope="session")
+def postgres_database() -> Iterator[_PostgresDatabase]:
+    """Create ``ap_bench_<hex>`` on the admin URL's server, migrate it to head, drop it at the end."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+    from sqlalchemy.pool import NullPool
+
+    from admission_plane.migrate import upgrade
+
+    database = _PostgresDatabase()
+    admin_url = make_url(os.environ.get(POSTGRES_URL_VARIABLE) or DEFAULT_POSTGRES_ADMIN_URL)
+    if admin_url.drivername == "postgresql":
+        admin_url = admin_url.set(drivername="postgresql+psycopg")
+    shown = admin_url.render_as_string(hide_password=True)
+    name = f"ap_bench_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=NullPool,
+                          connect_args={"connect_timeout": 5})
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+    except (SQLAlchemyError, ImportError, OSError) as error:  # no server, no driver, no right: skip
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        database.unavailable = f"PostgreSQL at {shown} is unavailable: {first_line}"
+        RESULTS.setdefault("postgres", {})["unavailable"] = database.unavailable
+        admin.dispose()
+        yield database
+        return
+    try:
+        database.url = admin_url.set(database=name).render_as_string(hide_password=False)
+        upgrade(database.url)
+        with admin.connect() as connection:
+            settings = {
+                setting: connection.execute(text(f"SHOW {setting}")).scalar_one()
+                for setting in ("server_version", "synchronous_commit", "fsync", "wal_sync_method")
+            }
+        RESULTS.setdefault("postgres", {})["server"] = settings
+        yield database
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture
+def postgres_url(postgres_database: _PostgresDatabase) -> str:
+    """URL of the session's PostgreSQL database with every admission table emptied; skips without a server."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.pool import NullPool
+
+    if postgres_database.url is None:
+        pytest.skip(postgres_database.unavailable or "PostgreSQL is unavailable")
+    url = postgres_database.url
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.begin() as connection:
+            names = connection.execute(text(
+                "SELECT table_name FROM information_schema.tables"
+                " WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'"
+            )).scalars().all()
+            tables = ", ".join(f'"{name}"' for name in sorted(set(names) - PG_KEPT_TABLES))
+            if tables:
+                connection.execute(text(f"TRUNCATE TABLE {tables} RESTART IDENTITY CASCADE"))
+    finally:
+        engine.dispose()
+    return url
+
+
 # --- the summary ---------------------------------------------------------------------------------
 
 
@@ -100,17 +184,28 @@ def _ratio(numerator: Any, denominator: Any) -> float | None:
     return numerator / denominator
 
 
+def _contention_totals(key: str) -> tuple[int | None, int | None, int | None]:
+    """Raw driver errors, ``transaction_fault`` intents and the seat peak over every run under ``RESULTS[key]``."""
+    runs = [run for variant in RESULTS.get(key, {}).values() for run in variant.values()]
+    if not runs:
+        return None, None, None
+    return (
+        sum(run["raw_errors"] for run in runs),
+        sum(run["transaction_faults"] for run in runs),
+        max(run["max_seats"] for run in runs),
+    )
+
+
 def compute_ratios() -> dict[str, Any]:
     """The issue's targets, each as a ratio of figures measured in this session."""
     ours_disk = _get("lifecycle.disk.turns_per_s_median")
     floor_disk = _get("floor.disk.turns_per_s_median")
     commits = _get("raw_commit.disk.commits_per_s")
     p1, p8 = _get("contention.hold0.P1.turns_per_s"), _get("contention.hold0.P8.turns_per_s")
-    contention = RESULTS.get("contention", {})
-    runs = [run for variant in contention.values() for run in variant.values()]
-    raw_errors = sum(run["raw_errors"] for run in runs) if runs else None
-    faults = sum(run["transaction_faults"] for run in runs) if runs else None
-    peak = max(run["max_seats"] for run in runs) if runs else None
+    raw_errors, faults, peak = _contention_totals("contention")
+    pg_p1, pg_p8 = _get("contention_pg.hold0.P1.turns_per_s"), _get("contention_pg.hold0.P8.turns_per_s")
+    pg_raw_errors, pg_faults, pg_peak = _contention_totals("contention_pg")
+    seats = CONTENTION_POLICY.max_active_turns
     targets = {
         "lifecycle_disk_vs_floor": {"value": _get("paired.disk.ratio_median"), "target": ">= 0.60"},
         "lifecycle_disk_vs_original": {"value": _ratio(ours_disk, ORIGINAL_TURNS_PER_S_DISK), "target": "> 1.00"},
@@ -123,7 +218,11 @@ def compute_ratios() -> dict[str, Any]:
         "contention_P8_vs_P1": {"value": _ratio(p8, p1), "target": ">= 0.80"},
         "contention_raw_sqlite_errors": {"value": raw_errors, "target": "== 0"},
         "contention_transaction_faults": {"value": faults, "target": "== 0"},
-        "contention_max_seats_vs_policy": {"value": peak, "target": f"<= {CONTENTION_POLICY.max_active_turns}"},
+        "contention_max_seats_vs_policy": {"value": peak, "target": f"<= {seats}"},
+        "contention_pg_P8_vs_P1": {"value": _ratio(pg_p8, pg_p1), "target": ">= 0.80"},
+        "contention_pg_raw_driver_errors": {"value": pg_raw_errors, "target": "== 0"},
+        "contention_pg_transaction_faults": {"value": pg_faults, "target": "== 0"},
+        "contention_pg_max_seats_vs_policy": {"value": pg_peak, "target": f"<= {seats}"},
     }
     checks = {
         "lifecycle_disk_vs_floor": lambda x: x >= 0.60,
@@ -132,7 +231,11 @@ def compute_ratios() -> dict[str, Any]:
         "contention_P8_vs_P1": lambda x: x >= 0.80,
         "contention_raw_sqlite_errors": lambda x: x == 0,
         "contention_transaction_faults": lambda x: x == 0,
-        "contention_max_seats_vs_policy": lambda x: x <= CONTENTION_POLICY.max_active_turns,
+        "contention_max_seats_vs_policy": lambda x: x <= seats,
+        "contention_pg_P8_vs_P1": lambda x: x >= 0.80,
+        "contention_pg_raw_driver_errors": lambda x: x == 0,
+        "contention_pg_transaction_faults": lambda x: x == 0,
+        "contention_pg_max_seats_vs_policy": lambda x: x <= seats,
     }
     for name, entry in targets.items():
         entry["met"] = None if entry["value"] is None else bool(checks[name](entry["value"]))
@@ -161,6 +264,8 @@ def compute_ratios() -> dict[str, Any]:
         "contention_hold50_P8_vs_P1": _ratio(
             _get("contention.hold50.P8.turns_per_s"), _get("contention.hold50.P1.turns_per_s")
         ),
+        "contention_pg_P1_vs_sqlite_P1": _ratio(pg_p1, p1),
+        "contention_pg_P8_vs_sqlite_P8": _ratio(pg_p8, p8),
     }
     return {"targets": targets, "informational": info}
 
@@ -193,4 +298,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         write(f"{name:<36} {shown:>10}  target {entry['target']:<8} {verdict}")
     for name, value in report["informational"].items():
         write(f"{name:<36} {'n/a' if value is None else f'{value:.3f}':>10}")
+    unavailable = _get("postgres.unavailable")
+    if unavailable:
+        write(f"PostgreSQL benchmarks skipped: {unavailable}")
     write(f"written to {folder / 'ratios.json'}")

@@ -1,4 +1,4 @@
-"""Dispatch contention: P connector processes on one database file for a fixed time.
+"""Dispatch contention: P connector processes on one database for a fixed time.
 
 Each process enqueues its own requests and drives them through the whole lifecycle
 (:mod:`benchmarks._contention_worker`), with minimum start interval 0 and either no
@@ -8,11 +8,16 @@ has 4 seats, so at P = 8 the seat limit binds. Recorded: total turns/s in the wi
 errors reaching a caller, ``transaction_fault`` dispatch intents, retried refusals), and
 the most seat-holding and ``active`` leases ever committed at once (journal replay),
 which must never exceed the policy.
+
+The PostgreSQL variant runs the same worker at P = 1, 2, 4, 8 (no hold, 1 ms poll) on the
+session's fresh PostgreSQL database (``postgres_url`` in ``conftest.py``: created,
+migrated, emptied before each case, dropped at the end; skipped without a server).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -27,6 +32,7 @@ from ._support import (
     CONTENTION_CASES,
     CONTENTION_POLICY,
     CONTENTION_SECONDS,
+    PG_CONTENTION_CASES,
     QUICK,
     RESULTS,
     journal_peaks,
@@ -38,9 +44,9 @@ REPO = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 120
 
 
-def _spawn(path: Path, processes: int, hold_ms: int, poll_ms: int) -> list[subprocess.Popen[str]]:
+def _spawn(path: str | Path, processes: int, hold_ms: int, poll_ms: int) -> list[subprocess.Popen[str]]:
     command = [
-        sys.executable, "-m", "benchmarks._contention_worker", "--database", str(path),
+        sys.executable, "-m", "benchmarks._contention_worker", "--database", os.fspath(path),
         "--seconds", str(CONTENTION_SECONDS), "--hold-ms", str(hold_ms),
         "--policy", json.dumps(list(CONTENTION_POLICY.as_tuple())), "--poll-ms", str(poll_ms),
     ]
@@ -51,8 +57,8 @@ def _spawn(path: Path, processes: int, hold_ms: int, poll_ms: int) -> list[subpr
     ]
 
 
-def run_contention(path: Path, processes: int, hold_ms: int, poll_ms: int = 1) -> dict[str, Any]:
-    """Start ``processes`` workers, release them together, and gather their figures."""
+def run_contention(path: str | Path, processes: int, hold_ms: int, poll_ms: int = 1) -> dict[str, Any]:
+    """Start ``processes`` workers on ``path`` (SQLite file or database URL), release them together, gather figures."""
     workers = _spawn(path, processes, hold_ms, poll_ms)
     try:
         for worker in workers:
@@ -110,7 +116,11 @@ def test_contention(benchmark, disk_dir: Path, processes: int, hold_ms: int, pol
     benchmark.extra_info.update(figures)
     variant = f"hold{hold_ms}" if poll_ms == 1 else f"hold{hold_ms}-poll{poll_ms}"
     RESULTS.setdefault("contention", {}).setdefault(variant, {})[f"P{processes}"] = figures
-    states = request_states(path)
+    _check(path, figures)
+
+
+def _check(target: str | Path, figures: dict[str, Any]) -> None:
+    states = request_states(target)
     assert states.get("completed", 0) == figures["turns"] - figures["abandoned"], states
     assert set(states) <= {"completed", "failed"}, states
     assert figures["final_seats"] == 0
@@ -119,3 +129,23 @@ def test_contention(benchmark, disk_dir: Path, processes: int, hold_ms: int, pol
     if QUICK:
         assert figures["raw_errors"] == 0, figures["errors"]
         assert figures["transaction_faults"] == 0, figures["errors"]
+
+
+@pytest.mark.parametrize(
+    ("processes", "hold_ms", "poll_ms"), PG_CONTENTION_CASES,
+    ids=[f"P{p}-hold{h}-poll{q}" for p, h, q in PG_CONTENTION_CASES],
+)
+def test_contention_postgres(benchmark, postgres_url: str, processes: int, hold_ms: int, poll_ms: int) -> None:
+    """The same workers on PostgreSQL: every turn ends, and seats never exceed the policy."""
+    figures: dict[str, Any] = {}
+
+    def run() -> None:
+        figures.update(run_contention(postgres_url, processes, hold_ms, poll_ms))
+
+    started = time.perf_counter()
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    figures["wall_s"] = time.perf_counter() - started
+    benchmark.extra_info.update(figures)
+    variant = f"hold{hold_ms}" if poll_ms == 1 else f"hold{hold_ms}-poll{poll_ms}"
+    RESULTS.setdefault("contention_pg", {}).setdefault(variant, {})[f"P{processes}"] = figures
+    _check(postgres_url, figures)
