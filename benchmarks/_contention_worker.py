@@ -151,6 +151,7 @@ class Connector:
     def run(self, seconds: float) -> dict[str, Any]:
         """Turns until ``seconds`` have passed, then the turn in flight; the figures of the run."""
         in_window = 0
+        cpu_start = time.process_time()
         start = time.monotonic()
         deadline = start + seconds
         while time.monotonic() < deadline:
@@ -164,6 +165,7 @@ class Connector:
             "abandoned": self.abandoned,
             "admission_polls": self.polls,
             "elapsed_s": time.monotonic() - start,
+            "cpu_s": time.process_time() - cpu_start,
             "errors": dict(self.errors),
         }
 

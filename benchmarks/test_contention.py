@@ -92,6 +92,8 @@ def run_contention(path: str | Path, processes: int, hold_ms: int, poll_ms: int 
         "turns": sum(report["turns"] for report in reports),
         "abandoned": sum(report["abandoned"] for report in reports),
         "admission_polls": sum(report["admission_polls"] for report in reports),
+        # CPU seconds the workers used (user + system); compare with cores x window.
+        "worker_cpu_s": sum(report.get("cpu_s", 0.0) for report in reports),
         "errors": dict(errors),
         "raw_errors": sum(count for kind, count in errors.items() if kind.startswith(RAW_KINDS)),
         "transaction_faults": errors.get("dispatch:transaction_fault", 0),
