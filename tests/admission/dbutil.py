@@ -36,11 +36,11 @@ def is_postgres(database: str) -> bool:
 
 @cache
 def pg_engine(url: str) -> Engine:
-    """An autocommit engine on the PostgreSQL database ``url``, shared by every call in the session."""
+    """An engine on the PostgreSQL database ``url``, shared by every call of the run."""
     parsed = make_url(url)
     if parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
-    return create_engine(parsed, isolation_level="AUTOCOMMIT", pool_pre_ping=True, pool_size=1)
+    return create_engine(parsed, pool_pre_ping=True, pool_size=1)
 
 
 def _sqlite(path: str, foreign_keys: bool = True) -> sqlite3.Connection:
@@ -61,7 +61,7 @@ def _plain(value: Any) -> Any:
 def query(database: str, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
     """All rows of one statement, as plain tuples (``bytea`` read as ``bytes``)."""
     if is_postgres(database):
-        with pg_engine(database).connect() as connection:
+        with pg_engine(database).begin() as connection:
             found = connection.exec_driver_sql(_pg_sql(sql), params).fetchall()
         return [tuple(_plain(value) for value in row) for row in found]
     with closing(_sqlite(database)) as connection:
@@ -88,7 +88,7 @@ def execute(database: str, *statements: str, params: Params = (), foreign_keys: 
     """
     changed = 0
     if is_postgres(database):
-        with pg_engine(database).connect() as connection, connection.begin():
+        with pg_engine(database).begin() as connection:
             if not foreign_keys:
                 connection.exec_driver_sql("SET LOCAL session_replication_role = replica")
             for statement in statements:
@@ -100,6 +100,18 @@ def execute(database: str, *statements: str, params: Params = (), foreign_keys: 
             changed += max(connection.execute(statement, params).rowcount, 0)
         connection.execute("COMMIT")
     return changed
+
+
+def columns(database: str, table: str) -> list[str]:
+    """The column names of ``table``, in declaration order."""
+    if is_postgres(database):
+        return [row[0] for row in query(
+            database,
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name = ? ORDER BY ordinal_position",
+            (table,),
+        )]
+    return [row[1] for row in query(database, f'PRAGMA table_info("{table}")')]
 
 
 def table_names(database: str) -> list[str]:
@@ -178,6 +190,7 @@ def exactly(message: str) -> str:
 
 __all__ = [
     "clear_journal_fault",
+    "columns",
     "count",
     "event_kinds",
     "exactly",

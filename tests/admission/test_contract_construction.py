@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable
 
 import pytest
-from dbutil import count, exactly, request_state, table_dump
+from dbutil import count, exactly, is_postgres, request_state, table_dump
 from planes import CONTENT_KEY, ENCRYPTION_KEY, admit, enqueue
 from sqlalchemy import text
 
@@ -214,9 +214,13 @@ def test_keyless_plane_serves_the_read_only_paths(make_plane: PlaneFactory, data
 # --- AC-05: connection setup -------------------------------------------------------------------
 
 
-def test_connections_run_with_the_seed_pragmas(plane: AdmissionPlane) -> None:
-    """AC-05: every connection has foreign keys on, WAL, synchronous FULL and a 5000 ms busy timeout."""
+def test_connections_run_with_the_dialects_settings(plane: AdmissionPlane, database_url: str) -> None:
+    """AC-05: every SQLite connection has foreign keys on, WAL, synchronous FULL and a 5000 ms busy timeout;
+    every PostgreSQL connection runs READ COMMITTED."""
     with plane.engine.connect() as connection:
+        if is_postgres(database_url):
+            assert connection.execute(text("SHOW transaction_isolation")).scalar() == "read committed"
+            return
         pragmas = {
             name: connection.execute(text(f"PRAGMA {name}")).scalar()
             for name in ("foreign_keys", "journal_mode", "synchronous", "busy_timeout")

@@ -68,6 +68,7 @@ def test_payload_row_holds_only_ciphertext_of_the_plaintext_length(plane: Admiss
     assert ciphertext != SENTINEL.encode()
 
 
+@pytest.mark.sqlite_only("reads the bytes of the database, -wal and -shm files")
 def test_plaintext_and_metadata_appear_in_no_database_file(make_plane: PlaneFactory, database_url: str) -> None:
     """AC-19/AC-24: prompt bytes, metadata strings and raw key bytes are absent from the DB, WAL and SHM files."""
     encryption_key, content_key = os.urandom(32), os.urandom(32)
@@ -80,6 +81,24 @@ def test_plaintext_and_metadata_appear_in_no_database_file(make_plane: PlaneFact
     assert "-wal" in files
     for secret in (SENTINEL.encode(), encryption_key, content_key):
         assert all(secret not in data for data in files.values())
+
+
+def test_no_stored_value_holds_the_prompt_or_a_key(make_plane: PlaneFactory, database_url: str) -> None:
+    """AC-19/AC-24: no column of any table holds the prompt bytes or either raw key, on any dialect."""
+    encryption_key, content_key = os.urandom(32), os.urandom(32)
+    plane = make_plane(encryption_key=encryption_key, content_fingerprint_key=content_key)
+    plane.enqueue_with_payload(request_id="SENTINEL-REQUEST-4b6e", **META, now=0, plaintext=SENTINEL,
+                               expires_at=10_000)
+    admit(plane, 1)
+    stored = [
+        value.encode() if isinstance(value, str) else value
+        for rows in table_dump(database_url).values()
+        for row in rows
+        for value in row
+        if isinstance(value, str | bytes)
+    ]
+    for secret in (SENTINEL.encode(), encryption_key, content_key):
+        assert all(secret not in value for value in stored)
 
 
 def test_journal_rows_carry_no_identifier_or_prompt(plane: AdmissionPlane, database_url: str) -> None:

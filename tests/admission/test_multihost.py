@@ -16,26 +16,17 @@ from fake_proc import OWNER_A, OWNER_B, FakeProc, connector, process
 from planes import CONTENT_KEY, ENCRYPTION_KEY, enqueue
 
 from admission_plane import AdmissionPlane, DispatchRecord, Policy, RequestState
-from admission_plane.migrate import upgrade
 
 BOOT_A = "aaaaaaaa-1111-4111-8111-111111111111"
 BOOT_B = "bbbbbbbb-2222-4222-8222-222222222222"
 POLICY = Policy(3, 2, 0, 1_800_000, 30_000)
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def shared_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
-    """One migrated database for both hosts."""
-    url = str(tmp_path / "shared.sqlite") if request.param == "sqlite" else request.getfixturevalue("postgres_url")
-    upgrade(url)
-    return url
-
-
 @pytest.fixture
-def hosts(shared_url: str) -> Iterator[tuple[AdmissionPlane, AdmissionPlane]]:
-    """Plane A on host-a (connector pid 100, boot A) and plane B on host-b (connector pid 200, boot B)."""
+def hosts(database_url: str) -> Iterator[tuple[AdmissionPlane, AdmissionPlane]]:
+    """Plane A on host-a (connector pid 100, boot A) and plane B on host-b (pid 200, boot B), on one database."""
     planes = [
-        AdmissionPlane(shared_url, policy=POLICY, encryption_key=ENCRYPTION_KEY, content_fingerprint_key=CONTENT_KEY,
+        AdmissionPlane(database_url, policy=POLICY, encryption_key=ENCRYPTION_KEY, content_fingerprint_key=CONTENT_KEY,
                        owner_identity=connector(pid, owner, boot_id=boot), host_id=host)
         for pid, owner, boot, host in ((100, OWNER_A, BOOT_A, "host-a"), (200, OWNER_B, BOOT_B, "host-b"))
     ]
