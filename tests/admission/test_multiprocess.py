@@ -1,4 +1,5 @@
-"""Several OS processes on one database file: seats, admissions and dispatch intents stay exact.
+"""Several OS processes on one database (an SQLite file or one PostgreSQL database): seats,
+admissions and dispatch intents stay exact, judged from the event journal.
 
 Contracts AC-56/57 and AC-100..105, plus whole-lifecycle races with and without a live reaper.
 """
@@ -95,7 +96,7 @@ def test_racing_processes_never_exceed_seats_admit_twice_or_requeue(
     database_url: str, make_plane: Callable[..., AdmissionPlane], spawn: Callable[..., WorkerProcess]
 ) -> None:
     """Four processes racing whole lifecycles on 3 seats never hold more than 3 seats, admit a
-    request twice, requeue one, or see a raw SQLite error."""
+    request twice, requeue one, or see a raw driver error."""
     plane = make_plane(policy=Policy(*RACE_POLICY))
     reports, _ = _race(database_url, spawn, with_reaper=False)
     totals = _assert_race_invariants(database_url, plane, reports)

@@ -58,7 +58,7 @@ CONTENT_KEY = bytes([2]) * 32
 PROVIDER = "antigravity"
 MODELS = ("model-a", "model-b", "model-c")
 _STARTED = time.monotonic()
-_RAW_MARKERS = ("sqlite", "database is locked")
+_RAW_MARKERS = ("sqlite", "database is locked", "psycopg", "deadlock detected", "could not serialize")
 
 
 def wall_ms() -> int:
