@@ -522,7 +522,7 @@ def test_malformed_owner_identity_is_refused_before_any_write(plane: AdmissionPl
 
 
 def test_journal_fault_rolls_the_whole_enqueue_back(plane: AdmissionPlane, database_url: str) -> None:
-    """AC-18: when the event insert aborts, the caller sees the SQLite error; no request, payload or event remains."""
+    """AC-18: when the event insert aborts, the caller sees the database error; no request, payload or event remains."""
     before = table_dump(database_url)
     with journal_fault(database_url), pytest.raises(AdmissionDatabaseError, match="journal fault injected"):
         enqueue(plane, "faulted", now=0)
