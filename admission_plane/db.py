@@ -106,6 +106,13 @@ def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:
         connection.exec_driver_sql(_SQLITE_BEGIN_MODES[mode])
 
 
+def writer_lock_path(engine: Engine) -> str | None:
+    """The sidecar file SQLite writers of this library queue on (``<database>-writer.lock``)."""
+    if engine.dialect.name != "sqlite" or not engine.url.database:
+        return None
+    return f"{engine.url.database}-writer.lock"
+
+
 def busy_timeout_ms(engine: Engine) -> int:
     """How long a writer waits for SQLite's write lock on ``engine`` (default for foreign engines)."""
     return _BUSY_TIMEOUTS.get(engine, DEFAULT_BUSY_TIMEOUT_MS)

@@ -463,7 +463,7 @@ class AdmissionPlane:
         *,
         timeout_ms: int | None = None,
         initial_delay_ms: float = 1.0,
-        max_delay_ms: float = 16.0,
+        max_delay_ms: float = 4.0,
         sleep: Callable[[float], object] = time.sleep,
     ) -> AdmittedLease | None:
         """Poll :meth:`admit_request` for ``request_id`` until it is admitted; ``None`` on timeout

@@ -22,6 +22,8 @@ Why this is enough to serialise admission:
 
 from __future__ import annotations
 
+import fcntl
+import os
 import random
 import time
 from collections.abc import Callable
@@ -32,7 +34,7 @@ from sqlalchemy import BigInteger, Engine, func, literal, select
 from sqlalchemy.exc import DBAPIError
 
 from ._sql import Statement, Tx
-from .db import busy_timeout_ms
+from .db import busy_timeout_ms, writer_lock_path
 from .errors import AdmissionBusyError, AdmissionDatabaseError
 
 T = TypeVar("T")
@@ -64,8 +66,15 @@ class UnitOfWork:
         self.tx: Tx
 
     def __enter__(self) -> UnitOfWork:
-        connection: Any = self._engine.raw_connection()
         dialect = self._engine.dialect
+        self._gate = None
+        if dialect.name == "sqlite" and not self._read_only:
+            self._gate = _WriterGate.enter(self._engine)
+        try:
+            connection: Any = self._engine.raw_connection()
+        except BaseException:
+            self._leave_gate()
+            raise
         try:
             tx = Tx(connection, dialect)
             if dialect.name == "sqlite":
@@ -77,10 +86,16 @@ class UnitOfWork:
                 tx.execute(_LOCK_STATEMENT)
         except BaseException:
             connection.close()
+            self._leave_gate()
             raise
         self._connection = connection
         self.tx = tx
         return self
+
+    def _leave_gate(self) -> None:
+        if self._gate is not None:
+            self._gate.leave()
+            self._gate = None
 
     def commit(self) -> None:
         """Make the work durable (``synchronous=FULL`` on SQLite: durable on return)."""
@@ -100,6 +115,46 @@ class UnitOfWork:
         finally:
             # Back to the pool (which resets it again on return).
             self._connection.close()
+            self._leave_gate()
+
+
+class _WriterGate:
+    """An exclusive ``flock`` on ``<database>-writer.lock``, held around each SQLite write.
+
+    Why: SQLite hands its write lock over by polling (every waiter sleeps and retries), so
+    with several writing processes the lock often sits free while all of them sleep. Writers
+    of this library first queue on this file lock instead, and the kernel wakes one waiter
+    the moment the holder releases it; ``BEGIN IMMEDIATE`` then normally succeeds at once.
+    Other programs that do not take the gate (the original connector, the ``sqlite3`` shell,
+    migrations) are still excluded by SQLite's own lock, which writers wait for as before.
+    Each unit opens its own file description, so threads of one process queue too. The lock
+    is released by ``close`` and by the kernel when a process dies; a writer whose holder is
+    *stopped* (SIGSTOP) waits until it resumes or dies.
+    """
+
+    __slots__ = ("_fd",)
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    @classmethod
+    def enter(cls, engine: Engine) -> _WriterGate | None:
+        path = writer_lock_path(engine)
+        if path is None:
+            return None
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return None  # an unwritable directory: SQLite's own lock still serialises writers
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(fd)
+
+    def leave(self) -> None:
+        os.close(self._fd)  # releases the flock
 
 
 def _begin_immediate(tx: Tx, timeout_ms: int) -> None:

@@ -114,7 +114,7 @@ class Connector:
             plaintext=f"prompt {request_id}", expires_at=_wall_ms() + 1_800_001,
         ))
         lease = self._retry(lambda: plane.wait_for_admission(
-            request_id, self.owner, initial_delay_ms=self.poll_s * 1000, max_delay_ms=16, sleep=self._poll_sleep,
+            request_id, self.owner, initial_delay_ms=self.poll_s * 1000, sleep=self._poll_sleep,
         ))
         assert lease is not None, "a queued request without a timeout is always admitted eventually"
         # ``now`` is read before the write lock: a start committed meanwhile by another
