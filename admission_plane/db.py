@@ -16,7 +16,6 @@ seats, starts or the queue serialise on a transaction-level advisory lock (see
 from __future__ import annotations
 
 import os
-import weakref
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -28,7 +27,6 @@ from .errors import InvalidInputError
 DEFAULT_BUSY_TIMEOUT_MS = 5_000
 SQLITE_BEGIN_OPTION = "sqlite_begin"
 _SQLITE_BEGIN_MODES = {"IMMEDIATE": "BEGIN IMMEDIATE", "DEFERRED": "BEGIN", "EXCLUSIVE": "BEGIN EXCLUSIVE"}
-_BUSY_TIMEOUTS: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary()
 
 
 def parse_url(url: str | URL | os.PathLike[str]) -> URL:
@@ -80,7 +78,6 @@ def create_admission_engine(
         connect_args.setdefault("timeout", busy_timeout_ms / 1000)
         engine = create_engine(parsed, connect_args=connect_args, **engine_options)
         _install_sqlite_hooks(engine, busy_timeout_ms)
-        _BUSY_TIMEOUTS[engine] = busy_timeout_ms
         return engine
     engine_options.setdefault("isolation_level", "READ COMMITTED")
     engine_options.setdefault("pool_pre_ping", True)
@@ -111,11 +108,6 @@ def writer_lock_path(engine: Engine) -> str | None:
     if engine.dialect.name != "sqlite" or not engine.url.database:
         return None
     return f"{engine.url.database}-writer.lock"
-
-
-def busy_timeout_ms(engine: Engine) -> int:
-    """How long a writer waits for SQLite's write lock on ``engine`` (default for foreign engines)."""
-    return _BUSY_TIMEOUTS.get(engine, DEFAULT_BUSY_TIMEOUT_MS)
 
 
 def is_sqlite(engine: Engine) -> bool:

@@ -73,7 +73,7 @@ def reap(plane: AdmissionPlane, now: int, readers: Any = None) -> ReaperSummary:
         child = observe(identity.child, readers)
         residue = inspect_process_group(identity.child, process_ids, readers)
         if connector in _GONE and child in _GONE and residue is GroupResidue.EMPTY:
-            if _try(plane.release_exited_recovery_seat, dispatch.fence, now) is not None:
+            if _try(plane.release_exited_recovery_seat, dispatch.fence, now):
                 counts["released"] += 1
             else:
                 counts["retained"] += 1
@@ -83,9 +83,7 @@ def reap(plane: AdmissionPlane, now: int, readers: Any = None) -> ReaperSummary:
                 counts["suspected"] += 1
             counts["retained"] += 1
             continue
-        if connector is not Observation.SAME and _try(
-            plane.mark_execution_recovery_required, dispatch.fence, now
-        ) is not None:
+        if connector is not Observation.SAME and _try(plane.mark_execution_recovery_required, dispatch.fence, now):
             counts["marked_recovery_required"] += 1
         counts["retained"] += 1
     return ReaperSummary(inspected=len(dispatches), **counts)
@@ -96,13 +94,10 @@ def _is_local(plane: AdmissionPlane, host_id: str | None) -> bool:
     return host_id is None or host_id == plane.host_id
 
 
-_DONE = object()
-
-
-def _try(operation: Any, *args: Any) -> Any:
-    """Run one fenced operation; ``None`` if it failed (a concurrent owner may have moved the lease)."""
+def _try(operation: Any, *args: Any) -> bool:
+    """Run one fenced operation: whether it took effect (it fails, or ``mark_suspect`` returns
+    ``False``, when a concurrent owner moved the lease)."""
     try:
-        result = operation(*args)
+        return operation(*args) is not False
     except AdmissionError:
-        return None
-    return _DONE if result is None else result
+        return False

@@ -23,7 +23,7 @@ from sqlalchemy.engine import URL
 
 from . import _queries as q
 from . import _validate as v
-from ._inventory import dispatch_from_row, queued_owner_from_row
+from ._inventory import dispatch_from_row, dispatch_record_from_mapping, queued_owner_from_row
 from ._sql import Tx
 from .crypto import (
     EventCorrelator,
@@ -54,12 +54,12 @@ from .host import default_host_id
 from .policy import Policy
 from .states import (
     ABANDONABLE_PHASES,
+    EVENT_STATES,
     EXECUTION_RECOVERY_PHASES,
     LEASE_TRANSITIONS,
     POLICY_EVENT_ID,
     POLICY_SOFT_DRAINING_TO_1,
     POLICY_STEADY,
-    SEAT_PHASES,
     DrainState,
     EventKind,
     FailureCategory,
@@ -107,10 +107,6 @@ class FaultInjection:
     and the call reports ``transaction_fault``."""
 
     after_process_identity_persisted: Callable[[], object] | None = None
-
-
-class _Expired(Exception):
-    """Internal: an expired payload was deleted and the deletion must commit."""
 
 
 class AdmissionPlane:
@@ -314,8 +310,8 @@ class AdmissionPlane:
 
         def work(tx: Tx) -> EnqueueResult:
             result = self._enqueue_request(tx, meta, now)
-            self._require_queued(tx, request_id)
-            self._bind_queued_owner(tx, request_id, owner, now, result.existed)
+            request = self._require_queued(tx, request_id)
+            self._bind_queued_owner(tx, request_id, owner, now, result.existed, request)
             existing = tx.scalar(q.SELECT_PAYLOAD_FINGERPRINT, {"request_id": request_id})
             if existing is not None:
                 if existing != fingerprint_hex:
@@ -407,14 +403,7 @@ class AdmissionPlane:
         v.identifier(owner_instance_id, "admission owner instance ID")
         v.timestamp(now, "admission timestamp")
 
-        def work(tx: Tx) -> AdmittedLease | None:
-            self._expire_queued(tx, now)
-            if not self._has_dispatch_capacity(tx, now):
-                return None
-            candidate = self._select_candidate(tx, now)
-            return None if candidate is None else self._reserve(tx, candidate, now, owner_instance_id)
-
-        return self._run(work)
+        return self._run(lambda tx: self._admit_in_transaction(tx, now, owner_instance_id, None))
 
     def admit_request(self, request_id: str, now: int, owner_instance_id: str) -> AdmittedLease | None:
         """Admit ``request_id`` only if the global rule would choose exactly it now; never jumps the queue."""
@@ -426,15 +415,6 @@ class AdmissionPlane:
         v.identifier(request_id, "admission request ID")
         v.identifier(owner_instance_id, "admission owner instance ID")
         v.timestamp(now, "admission timestamp")
-
-        def work(tx: Tx) -> AdmittedLease | None:
-            self._expire_queued(tx, now)
-            if not self._has_dispatch_capacity(tx, now):
-                return None
-            candidate = self._select_candidate(tx, now)
-            if candidate is None or candidate[0] != request_id:
-                return None
-            return self._reserve(tx, candidate, now, owner_instance_id)
 
         # A read-only look first: with nothing to time out and ``request_id`` not the one the
         # rule would admit now, the attempt is a no-op, so waiting connectors poll without
@@ -453,8 +433,20 @@ class AdmissionPlane:
         verdict = self._run(look, read_only=True)
         if verdict != "write":
             return None, verdict
-        lease = self._run(work)
+        lease = self._run(lambda tx: self._admit_in_transaction(tx, now, owner_instance_id, request_id))
         return lease, "admitted" if lease is not None else "behind"
+
+    def _admit_in_transaction(
+        self, tx: Tx, now: int, owner_instance_id: str, only_request_id: str | None
+    ) -> AdmittedLease | None:
+        """Time out expired requests, then admit the rule's choice (only if it is ``only_request_id``, when given)."""
+        self._expire_queued(tx, now)
+        if not self._has_dispatch_capacity(tx, now):
+            return None
+        candidate = self._select_candidate(tx, now)
+        if candidate is None or (only_request_id is not None and candidate[0] != only_request_id):
+            return None
+        return self._reserve(tx, candidate, now, owner_instance_id)
 
     def wait_for_admission(
         self,
@@ -961,19 +953,27 @@ class AdmissionPlane:
         return EnqueueResult(request_id, False)
 
     def _bind_queued_owner(
-        self, tx: Tx, request_id: str, owner: ConnectorIdentity, now: int, request_existed: bool
+        self,
+        tx: Tx,
+        request_id: str,
+        owner: ConnectorIdentity,
+        now: int,
+        request_existed: bool,
+        request: Sequence[Any] | None = None,
     ) -> None:
+        """Record ``owner`` and bind the queued request to it (the seed's queued-owner reference).
+
+        ``request`` is the request's ``(state, queued_owner_instance_id)`` row when the caller
+        already read and checked it in this transaction.
+        """
         stored = tx.one(q.SELECT_QUEUED_OWNER, {"owner_instance_id": owner.owner_instance_id})
         values = _owner_values(owner)
         if stored is None:
             tx.execute(q.INSERT_QUEUED_OWNER, {**values, "now": now, "host_id": self.host_id})
         elif tuple(stored) != tuple(values.values()):
             raise AdmissionConflictError()
-        request = tx.one(q.SELECT_REQUEST_STATE, {"request_id": request_id})
         if request is None:
-            raise UnknownRequestError()
-        if request[0] != S.QUEUED:
-            raise AdmissionStateError("request is no longer queued")
+            request = self._require_queued(tx, request_id)
         if request[1] == owner.owner_instance_id:
             return
         if request[1] is not None:
@@ -986,12 +986,14 @@ class AdmissionPlane:
             raise AdmissionConflictError()
 
     @staticmethod
-    def _require_queued(tx: Tx, request_id: str) -> None:
+    def _require_queued(tx: Tx, request_id: str) -> Sequence[Any]:
+        """The request's ``(state, queued_owner_instance_id)``; refuses an unknown or non-queued request."""
         row = tx.one(q.SELECT_REQUEST_STATE, {"request_id": request_id})
         if row is None:
             raise UnknownRequestError()
         if row[0] != S.QUEUED:
             raise AdmissionStateError("request is no longer queued")
+        return row
 
     @staticmethod
     def _insert_payload(
@@ -1198,8 +1200,6 @@ def _normalize_dispatch_record(record: object) -> DispatchRecord | None:
     """A :class:`DispatchRecord`, or the seed's camelCase mapping of one; ``None`` if invalid."""
     if isinstance(record, DispatchRecord):
         return record
-    from ._inventory import dispatch_record_from_mapping
-
     try:
         return dispatch_record_from_mapping(record)
     except (InvalidInputError, TypeError, ValueError, KeyError):
@@ -1224,14 +1224,14 @@ def _inspect_dispatch_winner(tx: Tx, record: DispatchRecord) -> DispatchIntentRe
     return None
 
 
-def _sanitized_event(row: Sequence[Any]) -> SanitizedEvent:
-    from .states import EVENT_STATES, EventKind
+_EVENT_KINDS = frozenset(str(member) for member in EventKind)
 
+
+def _sanitized_event(row: Sequence[Any]) -> SanitizedEvent:
     seq, kind, from_state, to_state, occurred_at, correlation = row
     if not v.is_safe_integer(seq) or seq < 1:
         raise AdmissionStateError("sanitized event journal contains an invalid sequence")
-    kinds = {str(member) for member in EventKind}
-    if kind not in kinds or from_state not in EVENT_STATES or to_state not in EVENT_STATES:
+    if kind not in _EVENT_KINDS or from_state not in EVENT_STATES or to_state not in EVENT_STATES:
         raise AdmissionStateError("sanitized event journal contains a non-allowlisted transition")
     if not v.is_safe_integer(occurred_at) or occurred_at < 0:
         raise AdmissionStateError("sanitized event timestamp must be a non-negative safe integer")
@@ -1257,4 +1257,4 @@ def _policy_integer(value: object, label: str) -> int:
     return value  # type: ignore[return-value]
 
 
-__all__ = ["SEAT_PHASES", "AdmissionPlane", "FaultInjection", "wall_clock_ms"]
+__all__ = ["AdmissionPlane", "FaultInjection", "wall_clock_ms"]

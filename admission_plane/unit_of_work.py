@@ -5,10 +5,12 @@ unless :meth:`UnitOfWork.commit` was called.
 
 Why this is enough to serialise admission:
 
-* SQLite: a writing unit begins with ``BEGIN IMMEDIATE`` (see :mod:`admission_plane.db`),
-  which takes the database's single write lock before the first read. Counting seats
-  and taking one therefore happen under one lock, across threads and processes; a
-  waiter blocks on ``busy_timeout`` instead of failing half-way through.
+* SQLite: a writing unit begins with ``BEGIN IMMEDIATE``, which takes the database's
+  single write lock before the first read. Counting seats and taking one therefore happen
+  under one lock, across threads and processes. Writers of this library first queue on a
+  kernel file lock (:class:`_WriterGate`), so the write lock passes straight to the next
+  of them; against other programs they wait on ``busy_timeout`` instead of failing
+  half-way through.
 * PostgreSQL: there is no database-wide write lock, and ``READ COMMITTED`` lets two
   hosts both count the same free seat. Every writing unit therefore first takes one
   transaction-level advisory lock (:data:`ADVISORY_LOCK_KEY`), released at commit or
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import random
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -34,7 +35,7 @@ from sqlalchemy import BigInteger, Engine, func, literal, select
 from sqlalchemy.exc import DBAPIError
 
 from ._sql import Statement, Tx
-from .db import busy_timeout_ms, writer_lock_path
+from .db import writer_lock_path
 from .errors import AdmissionBusyError, AdmissionDatabaseError
 
 T = TypeVar("T")
@@ -78,10 +79,7 @@ class UnitOfWork:
         try:
             tx = Tx(connection, dialect)
             if dialect.name == "sqlite":
-                if self._read_only:
-                    tx.begin("BEGIN")
-                else:
-                    _begin_immediate(tx, busy_timeout_ms(self._engine))
+                tx.begin("BEGIN" if self._read_only else "BEGIN IMMEDIATE")
             elif not self._read_only:
                 tx.execute(_LOCK_STATEMENT)
         except BaseException:
@@ -155,33 +153,6 @@ class _WriterGate:
 
     def leave(self) -> None:
         os.close(self._fd)  # releases the flock
-
-
-def _begin_immediate(tx: Tx, timeout_ms: int) -> None:
-    """Take SQLite's write lock, waiting up to ``timeout_ms`` in short, growing steps.
-
-    Why not ``busy_timeout``: SQLite's default busy handler sleeps 1, 2, 5, 10 ... up to
-    100 ms between attempts, so with several writers the lock often sits free while every
-    waiter sleeps, and throughput collapses as processes are added. Here the handler is off
-    for this one statement and waiters retry after 50 µs, doubling to at most 1 ms (plus
-    jitter), which hands the lock over within about a millisecond of its release.
-    """
-    tx.begin("PRAGMA busy_timeout = 0")
-    try:
-        deadline = time.monotonic() + timeout_ms / 1000
-        delay = 0.00005
-        operational_error = tx.dialect.loaded_dbapi.OperationalError
-        while True:
-            try:
-                tx.begin("BEGIN IMMEDIATE")
-                return
-            except operational_error as error:
-                if contention_name(error) is None or time.monotonic() >= deadline:
-                    raise
-            time.sleep(delay * (0.5 + random.random()))  # noqa: S311 - jitter, not cryptography
-            delay = min(delay * 2, 0.001)
-    finally:
-        tx.begin(f"PRAGMA busy_timeout = {int(timeout_ms)}")
 
 
 def contention_name(error: BaseException) -> str | None:

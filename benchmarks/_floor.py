@@ -84,13 +84,7 @@ class FloorConnector:
 
     def _begin(self, mode: str = "BEGIN IMMEDIATE") -> None:
         self._cursor = self.connection.cursor()
-        if mode == "BEGIN IMMEDIATE":
-            # The service's writer takes the lock with the busy handler off (its own short waits).
-            self._cursor.execute("PRAGMA busy_timeout = 0")
-            self._cursor.execute(mode)
-            self._cursor.execute("PRAGMA busy_timeout = 5000")
-        else:
-            self._cursor.execute(mode)
+        self._cursor.execute(mode)
 
     def _commit(self) -> None:
         self._cursor.close()
@@ -131,10 +125,9 @@ class FloorConnector:
             "provider": "antigravity", "model": "model-bench", "now": now, "deadline_at": now + 1_800_000,
         })
         self._journal("request_enqueued", "absent", "queued", now)
-        assert self._one(q.SELECT_REQUEST_STATE, {"request_id": request_id})[0] == "queued"
+        assert tuple(self._one(q.SELECT_REQUEST_STATE, {"request_id": request_id})) == ("queued", None)
         if self._one(q.SELECT_QUEUED_OWNER, {"owner_instance_id": self.owner}) is None:
             self._execute(q.INSERT_QUEUED_OWNER, {**self._owner_values, "now": now, "host_id": self.host_id})
-        assert self._one(q.SELECT_REQUEST_STATE, {"request_id": request_id})[1] is None
         assert self._execute(q.BIND_QUEUED_OWNER, {"request_id": request_id, "owner_instance_id": self.owner,
                                                    "now": now}) == 1
         assert self._scalar(q.SELECT_PAYLOAD_FINGERPRINT, {"request_id": request_id}) is None
