@@ -102,6 +102,17 @@ def _positive_int(label: str, maximum: int) -> _Validator:
     return check
 
 
+def _process_id_or_zero(label: str) -> _Validator:
+    # The kernel reports 0 for a parent, group or session that lives outside the
+    # process's pid namespace (a container's pid 1, or any process whose session leader
+    # is on the host side). That is real evidence, not a malformed record.
+    def check(_instance: object, _attribute: attrs.Attribute[Any], value: object) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_PID:
+            raise InvalidInputError(f"{label} must be a non-negative safe integer")
+
+    return check
+
+
 def _check_boot_id(_instance: object, _attribute: attrs.Attribute[Any], value: object) -> None:
     if not is_valid_boot_id(value):
         raise InvalidInputError("process boot ID is invalid")
@@ -148,17 +159,25 @@ class ProcessIdentity:
 
     Every field is validated on construction and raises :class:`InvalidInputError`:
     ``boot_id`` lowercase 8-4-4-4-12 hex and not all zeros; ``start_time_ticks`` a
-    canonical decimal string in 1..2^64-1; ``pid_namespace_inode`` in 1..2^32-1; the
-    others ``int`` (never ``bool`` or ``float``) in 1..2^31-1.
+    canonical decimal string in 1..2^64-1; ``pid_namespace_inode`` in 1..2^32-1; ``pid``
+    an ``int`` (never ``bool`` or ``float``) in 1..2^31-1; ``ppid``, ``pgrp`` and
+    ``session`` ints in 0..2^31-1.
+
+    Beyond the seed, which demands 1..2^31-1 for all four ids: the kernel shows 0 for a
+    parent, group or session outside the process's pid namespace, which is what every
+    process in a typical container sees for its session. Rejecting it would make the
+    plane unusable there; accepting it costs nothing in safety, because ``observe``
+    compares only the immutable fields and :func:`inspect_process_group` answers
+    ``unverifiable`` for a group it cannot see (pgrp 0).
     """
 
     boot_id: str = attrs.field(validator=_check_boot_id)
     pid: int = attrs.field(validator=_positive_int("process PID", MAX_PID))
     start_time_ticks: str = attrs.field(validator=_check_start_time_ticks)
     pid_namespace_inode: int = attrs.field(validator=_positive_int("PID namespace inode", MAX_PID_NAMESPACE_INODE))
-    ppid: int = attrs.field(validator=_positive_int("process parent PID", MAX_PID))
-    pgrp: int = attrs.field(validator=_positive_int("process group", MAX_PID))
-    session: int = attrs.field(validator=_positive_int("process session", MAX_PID))
+    ppid: int = attrs.field(validator=_process_id_or_zero("process parent PID"))
+    pgrp: int = attrs.field(validator=_process_id_or_zero("process group"))
+    session: int = attrs.field(validator=_process_id_or_zero("process session"))
 
     @classmethod
     def from_mapping(cls, value: object) -> ProcessIdentity:
@@ -258,7 +277,7 @@ def capture(pid: int, readers: ProcReaders = LIVE_READERS) -> ProcessIdentity:
 
     Raises :class:`ProcessGoneError` when ``/proc/<pid>/stat`` or ``/proc/<pid>/ns/pid``
     is absent (``ENOENT``), :class:`ProcessUnverifiableError` for any other read error,
-    malformed text, or values outside the identity ranges (pid 1 has ppid 0), and
+    malformed text, or values outside the identity ranges, and
     :class:`InvalidInputError` when ``pid`` itself is not a pid.
     """
     if not is_pid(pid):
@@ -320,9 +339,15 @@ def inspect_process_group(
     a process group cannot outlive a reboot. The namespace link is read only for a pid
     whose pgrp and session match, so other users' processes (whose links are
     ``EACCES`` to us) cannot make the answer unverifiable.
+
+    A child whose pgrp is 0 belongs to a group led from outside this pid namespace:
+    members there are invisible, so the group can never be proved empty and the answer
+    is ``unverifiable``.
     """
     if not isinstance(child, ProcessIdentity):
         raise InvalidInputError("process identity is invalid")
+    if child.pgrp == 0:
+        return GroupResidue.UNVERIFIABLE
     try:
         candidates = list(pids)
     except TypeError:

@@ -172,10 +172,12 @@ def test_process_identity_accepts_every_range_boundary() -> None:
         ("start_time_ticks", "9" * 5000, "process start time is invalid"),
         ("pid_namespace_inode", 0, "PID namespace inode must be a positive safe integer"),
         ("pid_namespace_inode", 2**32, "PID namespace inode must be a positive safe integer"),
-        ("ppid", False, "process parent PID must be a positive safe integer"),
-        ("ppid", 0, "process parent PID must be a positive safe integer"),
-        ("pgrp", 0, "process group must be a positive safe integer"),
-        ("session", 2**31, "process session must be a positive safe integer"),
+        ("ppid", False, "process parent PID must be a non-negative safe integer"),
+        ("ppid", -1, "process parent PID must be a non-negative safe integer"),
+        ("pgrp", -1, "process group must be a non-negative safe integer"),
+        ("pgrp", 1.0, "process group must be a non-negative safe integer"),
+        ("session", 2**31, "process session must be a non-negative safe integer"),
+        ("session", "7", "process session must be a non-negative safe integer"),
     ],
 )
 def test_process_identity_rejects_invalid_field(field: str, value: object, message: str) -> None:
@@ -397,7 +399,7 @@ def test_parse_stat_accepts_every_documented_process_state(state: str) -> None:
 
 
 def test_parse_stat_accepts_init_with_zero_parent_group_and_session() -> None:
-    """pid 1's stat (ppid, pgrp and session 0) parses; only capture decides it is no valid identity."""
+    """pid 1's stat (ppid, pgrp and session 0, start ticks 0) parses; capture validates the values afterwards."""
     stat = parse_stat(stat_line(1, comm="init", ppid=0, pgrp=0, session=0, start="0"))
     assert (stat.ppid, stat.pgrp, stat.session, stat.start_time_ticks) == (0, 0, 0, "0")
 
@@ -498,11 +500,23 @@ def test_capture_rejects_a_reader_that_returns_non_text() -> None:
         capture(PID, readers)
 
 
-def test_capture_reports_init_as_unverifiable_because_it_has_no_parent() -> None:
-    """A readable process whose ppid is 0 (pid 1) has no valid identity, so capture is unverifiable."""
+def test_capture_accepts_a_container_init_whose_parent_group_and_session_are_outside_its_namespace() -> None:
+    """Beyond the seed: a container's pid 1 (ppid, pgrp, session 0) has a valid identity; the kernel's 0 is real."""
     readers = FakeProc().add(1, ppid=0, pgrp=0, session=0)
-    with pytest.raises(ProcessUnverifiableError, match="process parent PID"):
-        capture(1, readers)
+    assert capture(1, readers) == identity(pid=1, ppid=0, pgrp=0, session=0)
+
+
+def test_capture_accepts_a_process_whose_session_leader_is_outside_its_namespace() -> None:
+    """A job under a runner that started it in a new pid namespace sees session 0 (how CI runs us)."""
+    readers = FakeProc().add(PID, ppid=7, pgrp=PID, session=0)
+    assert capture(PID, readers) == identity(ppid=7, session=0)
+
+
+def test_connector_identity_with_session_zero_round_trips_through_the_seed_mapping() -> None:
+    """A captured session-0 connector survives the seed's camelCase mapping unchanged."""
+    connector = ConnectorIdentity.capture(pid=PID, readers=FakeProc().add(session=0), owner_instance_id=OWNER, now=0)
+    assert connector.process.session == 0
+    assert ConnectorIdentity.from_mapping(connector.to_mapping()) == connector
 
 
 def test_capture_reports_an_unreadable_boot_id_as_unverifiable() -> None:
@@ -688,6 +702,21 @@ def test_group_ignores_a_process_with_the_same_group_in_another_namespace() -> N
     """pgrp and session numbers from another pid namespace are other processes."""
     readers = group_member(FakeProc(), 300, ns=OTHER_NS)
     assert inspect_process_group(identity(), [300], readers) is GroupResidue.EMPTY
+
+
+def test_group_with_a_leader_outside_the_namespace_is_unverifiable_without_reading() -> None:
+    """pgrp 0: members on the other side of the namespace are invisible, so the group can never be proved empty."""
+    readers = FakeProc().add(300, pgrp=0, session=0)
+    assert inspect_process_group(identity(pgrp=0, session=0), [], readers) is GroupResidue.UNVERIFIABLE
+    assert inspect_process_group(identity(pgrp=0, session=0), [300], readers) is GroupResidue.UNVERIFIABLE
+    assert readers.reads == []
+
+
+def test_group_in_a_session_led_from_outside_the_namespace_is_still_inspected() -> None:
+    """Session 0 with a visible pgrp is an ordinary group: matched on pgrp and session 0, empty when none is left."""
+    readers = FakeProc().add(300, pgrp=PID, session=0).add(301, pgrp=301, session=0)
+    assert inspect_process_group(identity(session=0), [300, 301], readers) is GroupResidue.PRESENT
+    assert inspect_process_group(identity(session=0), [301], readers) is GroupResidue.EMPTY
 
 
 def test_group_ignores_a_process_with_the_same_group_but_another_session() -> None:

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -150,3 +151,40 @@ def test_live_grandchild_keeps_the_group_present_after_the_child_is_reaped() -> 
             os.killpg(leader.pid, signal.SIGKILL)
         leader.wait()
         leader.stdout.close()
+
+
+NAMESPACED_TURN = r"""
+import os, sys
+from admission_plane import AdmissionPlane, Policy
+from admission_plane.evidence import capture
+from admission_plane.migrate import upgrade
+
+me = capture(os.getpid())
+assert me.session == 0, f"expected a session led from outside the namespace, got {me}"
+upgrade(sys.argv[1])
+with AdmissionPlane(sys.argv[1], policy=Policy(1, 1, 0), encryption_key=os.urandom(32),
+                    content_fingerprint_key=os.urandom(32)) as plane:
+    assert plane.owner_identity.process.session == 0
+    with plane.turn(request_id="r1", session_id="s1", agent_id="a1", provider="p", model="m",
+                    prompt="hello", command=["cat"]) as current:
+        echoed = current.child.stdout.read().decode()
+    print(current.state, echoed)
+"""
+
+
+def test_a_plane_runs_a_turn_in_a_container_like_pid_namespace(tmp_path) -> None:
+    """Beyond the seed: where the kernel reports session 0 (a session leader outside our pid namespace,
+    as in containers and CI runners), the plane opens, records its identity and completes a turn."""
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot create a pid namespace here: {probe.stderr.decode().strip()[:120]}")
+    script = tmp_path / "turn.py"
+    script.write_text(NAMESPACED_TURN)
+    database = tmp_path / "ns.sqlite"
+    # `setsid`-free: the namespace's init (unshare's child) keeps the outer session, which reads as 0 inside.
+    result = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, str(script), str(database)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "completed hello"

@@ -303,6 +303,24 @@ def test_reparented_live_child_keeps_its_seat(plane: AdmissionPlane, database_ur
     assert count(database_url, "lease_process_identities") == 1
 
 
+def test_child_in_a_group_led_from_outside_the_namespace_is_never_released(
+    plane: AdmissionPlane, database_url: str
+) -> None:
+    """Beyond the seed: a gone child whose recorded pgrp is 0 (its group leader is outside our pid namespace)
+    leaves a group we can never prove empty, so the seat is retained as unverifiable."""
+    lease = dispatched(plane, "recovery_required", child=process(201, ppid=CONNECTOR.process.pid, pgrp=0, session=0))
+    assert plane.reap_suspects(2_000, FakeProc(pids=[])) == summary(inspected=1, retained=1, suspected=1)
+    assert lease_phase(database_url, lease.lease_id) == "recovery_required"
+    assert suspicion(database_url, lease) == (2_000, "identity_unverifiable")
+
+
+def test_session_zero_child_whose_group_is_gone_is_released(plane: AdmissionPlane, database_url: str) -> None:
+    """A child in its own group but a session led from outside the namespace (session 0) is released once gone."""
+    dispatched(plane, "recovery_required", child=process(201, ppid=CONNECTOR.process.pid, session=0))
+    assert plane.reap_suspects(2_000, FakeProc(pids=[])) == summary(inspected=1, released=1)
+    assert count(database_url, "leases") == 0
+
+
 def test_evidence_from_a_previous_boot_is_gone(plane: AdmissionPlane, database_url: str) -> None:
     """AC-68: after a reboot (other boot id) the recorded processes are gone even if their pids are in use again."""
     dispatched(plane, "recovery_required")
