@@ -69,22 +69,20 @@ class UnitOfWork:
     def __enter__(self) -> UnitOfWork:
         dialect = self._engine.dialect
         self._gate = None
-        if dialect.name == "sqlite" and not self._read_only:
-            self._gate = _WriterGate.enter(self._engine)
+        # Pool checkout and return happen outside the writer gate: the gate is held only
+        # from just before ``BEGIN IMMEDIATE`` until the transaction has ended.
+        connection: Any = self._engine.raw_connection()
         try:
-            connection: Any = self._engine.raw_connection()
-        except BaseException:
-            self._leave_gate()
-            raise
-        try:
+            if dialect.name == "sqlite" and not self._read_only:
+                self._gate = _WriterGate.enter(self._engine)
             tx = Tx(connection, dialect)
             if dialect.name == "sqlite":
                 tx.begin("BEGIN" if self._read_only else "BEGIN IMMEDIATE")
             elif not self._read_only:
                 tx.execute(_LOCK_STATEMENT)
         except BaseException:
-            connection.close()
             self._leave_gate()
+            connection.close()
             raise
         self._connection = connection
         self.tx = tx
@@ -111,9 +109,10 @@ class UnitOfWork:
             if not self._committed:
                 self._connection.rollback()
         finally:
+            # The transaction is over: let the next writer in before the pool return.
+            self._leave_gate()
             # Back to the pool (which resets it again on return).
             self._connection.close()
-            self._leave_gate()
 
 
 class _WriterGate:

@@ -2,7 +2,7 @@
 
 It opens the plane, prints ``ready``, waits for ``go`` on standard input, then for a
 fixed time enqueues its own request, waits for it with ``wait_for_admission`` (polling
-with back-off from ``--poll-ms`` to 16 ms), and
+with back-off from ``--poll-ms`` to ``--max-poll-ms``, default 4 ms), and
 drives it to completion, again and again. After the deadline it finishes the turn in
 flight (so no seat stays held) and prints one JSON line: its turns within the window, all
 its turns, and its errors by kind. Errors are counted and the operation retried; a
@@ -81,6 +81,7 @@ class Connector:
             args.database, policy=policy, encryption_key=ENCRYPTION_KEY, content_fingerprint_key=CONTENT_KEY
         )
         self.index, self.hold_s, self.poll_s = args.index, args.hold_ms / 1000, args.poll_ms / 1000
+        self.max_poll_ms = max(args.max_poll_ms, args.poll_ms)
         self.owner = self.plane.owner_identity.owner_instance_id
         self.child = capture(os.getpid())
         self.errors: Counter[str] = Counter()
@@ -114,7 +115,8 @@ class Connector:
             plaintext=f"prompt {request_id}", expires_at=_wall_ms() + 1_800_001,
         ))
         lease = self._retry(lambda: plane.wait_for_admission(
-            request_id, self.owner, initial_delay_ms=self.poll_s * 1000, sleep=self._poll_sleep,
+            request_id, self.owner, initial_delay_ms=self.poll_s * 1000, max_delay_ms=self.max_poll_ms,
+            sleep=self._poll_sleep,
         ))
         assert lease is not None, "a queued request without a timeout is always admitted eventually"
         # ``now`` is read before the write lock: a start committed meanwhile by another
@@ -178,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--hold-ms", type=float, default=0)
     parser.add_argument("--poll-ms", type=float, default=1)
+    parser.add_argument("--max-poll-ms", type=float, default=4, help="the back-off's ceiling (wait_for_admission's default)")
     parser.add_argument("--policy", required=True, help="JSON list: the five policy integers")
     args = parser.parse_args(argv)
     connector = Connector(args)
