@@ -248,6 +248,22 @@ COUNT_AHEAD = Statement(select(func.count()).select_from(R).where(_queued_with_p
 COUNT_ELIGIBLE_AHEAD = Statement(
     select(func.count()).select_from(R).where(_queued_with_payload, _not_cooling, _ahead)
 )
+# A waiting connector's place, for deciding when to look again (see ``_doorbell``).
+WAITER_ENTRY = Statement(
+    select(R.enqueued_at, R.agent_id, R.provider, R.model).where(R.request_id == P("request_id"), _queued_with_payload)
+)
+AGENT_HOLDS_SEAT = Statement(
+    select(literal_column("1"))
+    .select_from(L)
+    .join(R, R.request_id == L.request_id)
+    .where(one_of(L.phase, SEAT_PHASES), R.agent_id == P("agent_id"))
+    .limit(1)
+)
+_strictly_ahead = tuple_(R.enqueued_at, R.request_id) < tuple_(P("enqueued_at"), P("request_id"))
+COUNT_IDLE_AGENTS_AHEAD = Statement(
+    select(func.count(R.agent_id.distinct()))
+    .where(_queued_with_payload, _not_cooling, ~_busy_agent, _strictly_ahead)
+)
 COOLDOWN_UNTIL = Statement(
     select(C.not_before).where(C.provider == P("provider"), C.model == P("model"), C.not_before > P("now"))
 )
@@ -272,6 +288,7 @@ MARK_SUSPECT = Statement(
 )
 DELETE_OLD_STARTS = Statement(delete(SH).where(SH.started_at < P("cutoff")))
 LATEST_START = Statement(select(SH.started_at).order_by(SH.started_at.desc()).limit(1))
+LATEST_RESERVATION = Statement(select(func.max(L.acquired_at)).where(one_of(L.phase, START_WINDOW_PHASES)))
 INSERT_START = Statement(insert(SH).values(lease_id=P("lease_id"), started_at=P("now")))
 
 _cooldown_values = {

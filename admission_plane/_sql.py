@@ -58,11 +58,18 @@ class Statement:
 class Tx:
     """The statements of one unit of work, executed on a DB-API connection's cursor."""
 
-    __slots__ = ("_cursor", "dialect")
+    __slots__ = ("_cursor", "dialect", "rings")
 
     def __init__(self, dbapi_connection: Any, dialect: Dialect) -> None:
         self.dialect = dialect
         self._cursor: Any = dbapi_connection.cursor()
+        #: What this transaction changed for waiting connectors (``_doorbell.Bell`` flags),
+        #: announced after a successful commit.
+        self.rings = 0
+
+    def ring(self, bells: int) -> None:
+        """Announce ``bells`` (``_doorbell.Bell`` flags) to waiting connectors once this commits."""
+        self.rings |= bells
 
     def begin(self, sql: str) -> None:
         """Open the transaction explicitly (SQLite: ``BEGIN`` or ``BEGIN IMMEDIATE``)."""

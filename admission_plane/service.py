@@ -8,7 +8,7 @@ the dispatch-intent path and evidence capture read the real clock, as in the see
 
 from __future__ import annotations
 
-import itertools
+import enum
 import os
 import random
 import threading
@@ -23,6 +23,7 @@ from sqlalchemy.engine import URL
 
 from . import _queries as q
 from . import _validate as v
+from ._doorbell import EVERYONE_STEP, Bell, Chimes, Doorbell
 from ._inventory import dispatch_from_row, dispatch_record_from_mapping, queued_owner_from_row
 from ._sql import Tx
 from .crypto import (
@@ -35,7 +36,7 @@ from .crypto import (
     policy_fingerprint,
     seal,
 )
-from .db import create_admission_engine
+from .db import create_admission_engine, writer_lock_path
 from .errors import (
     AdmissionConflictError,
     AdmissionRuntimeError,
@@ -60,6 +61,7 @@ from .states import (
     POLICY_EVENT_ID,
     POLICY_SOFT_DRAINING_TO_1,
     POLICY_STEADY,
+    START_WINDOW_PHASES,
     DrainState,
     EventKind,
     FailureCategory,
@@ -91,6 +93,9 @@ S = RequestState
 K = EventKind
 MAX_DISPATCH_CONTENTION_RECHECKS = 500
 BEHIND_DELAY_S = 0.003
+#: With a doorbell, a waiter looks again at least this often (ms) even if nothing rang:
+#: writers that do not ring (another program on the same file) are noticed this late.
+DOORBELL_FALLBACK_MS = 250
 DISPATCH_CONTENTION_RECHECK_DELAY_S = 0.002
 _TERMINAL_LEASE_PHASES = frozenset({S.PROVIDER_TERMINAL, S.COMPLETED, S.FAILED, S.CANCELLED, S.QUEUE_TIMEOUT})
 
@@ -162,6 +167,7 @@ class AdmissionPlane:
             self.engine, self._owns_engine = database, False
         else:
             self.engine, self._owns_engine = create_admission_engine(database), True
+        self._doorbell = Doorbell.open(writer_lock_path(self.engine))
         self._closed = False
         self._close_lock = threading.Lock()
         try:
@@ -194,6 +200,8 @@ class AdmissionPlane:
                 key.wipe()
         if self._correlate is not None:
             self._correlate.forget()
+        if self._doorbell is not None:
+            self._doorbell.close()
         if self._owns_engine:
             self.engine.dispose()
 
@@ -386,6 +394,7 @@ class AdmissionPlane:
         def work(tx: Tx) -> None:
             self._require_queued(tx, request_id)
             tx.execute(q.CANCEL_QUEUED, {"request_id": request_id, "now": now})
+            tx.ring(Bell.QUEUE)
             tx.execute(q.DELETE_PAYLOAD, {"request_id": request_id})
             self._journal(tx, K.REQUEST_CANCELLED, request_id, S.QUEUED, S.CANCELLED, now)
 
@@ -409,39 +418,59 @@ class AdmissionPlane:
         """Admit ``request_id`` only if the global rule would choose exactly it now; never jumps the queue."""
         return self._admit_request(request_id, now, owner_instance_id)[0]
 
-    def _admit_request(self, request_id: str, now: int, owner_instance_id: str) -> tuple[AdmittedLease | None, str]:
-        """:meth:`admit_request`, and why nothing was admitted: ``"admitted"``, ``"behind"`` (capacity
-        is free but the rule chose an older request) or ``"waiting"`` (no capacity, or not queued)."""
+    def _admit_request(
+        self, request_id: str, now: int, owner_instance_id: str
+    ) -> tuple[AdmittedLease | None, _Wake | None]:
+        """:meth:`admit_request`, and when not admitted, what to wait for before looking again
+        (``None``: the request is no longer queued, so there is nothing to wait for)."""
         v.identifier(request_id, "admission request ID")
         v.identifier(owner_instance_id, "admission owner instance ID")
         v.timestamp(now, "admission timestamp")
-
         # A read-only look first: with nothing to time out and ``request_id`` not the one the
-        # rule would admit now, the attempt is a no-op, so waiting connectors poll without
+        # rule would admit now, the attempt is a no-op, so waiting connectors look without
         # taking the write lock. The writing transaction re-checks everything, so the look
         # is only an optimisation, never a decision.
-        def look(tx: Tx) -> str:
-            if tx.one(q.ANY_EXPIRED, {"now": now}) is not None:
-                return "write"
-            if not self._has_dispatch_capacity(tx, now):
-                return "waiting"
-            candidate = self._select_candidate(tx, now)
-            if candidate is None:
-                return "waiting"
-            return "write" if candidate[0] == request_id else "behind"
-
-        verdict = self._run(look, read_only=True)
-        if verdict != "write":
-            return None, verdict
+        wake = self._run(lambda tx: self._look(tx, request_id, now), read_only=True)
+        if not isinstance(wake, _Verdict):
+            return None, wake
         lease = self._run(lambda tx: self._admit_in_transaction(tx, now, owner_instance_id, request_id))
-        return lease, "admitted" if lease is not None else "behind"
+        # Lost a race (or something timed out meanwhile): look again after one short step.
+        return lease, None if lease is not None else _Wake(at=now)
+
+    def _look(self, tx: Tx, request_id: str, now: int) -> _Wake | _Verdict | None:
+        """``_WRITE`` if an admission attempt may succeed now; else what could change that
+        (``None``: the request is not queued any more)."""
+        if tx.one(q.ANY_EXPIRED, {"now": now}) is not None:
+            return _WRITE
+        candidate = self._select_candidate(tx, now)
+        if candidate is not None and candidate[0] == request_id:
+            block = self._capacity_block(tx, now)
+            return _WRITE if block is None else block
+        entry = tx.one(q.WAITER_ENTRY, {"request_id": request_id})
+        if entry is None:
+            state = tx.one(q.SELECT_REQUEST_STATE, {"request_id": request_id})
+            # Queued without a payload: only ``persist_payload`` (or the fallback) helps.
+            return _Wake() if state is not None and state[0] == S.QUEUED else None
+        enqueued_at, agent_id, provider, model = entry
+        cooling_until = tx.scalar(q.COOLDOWN_UNTIL, {"provider": provider, "model": model, "now": now})
+        if cooling_until is not None:
+            return _Wake(at=cooling_until)
+        if tx.one(q.AGENT_HOLDS_SEAT, {"agent_id": agent_id}) is not None:
+            # Picked only when no idle agent's request is eligible, or once our agent's seat is freed.
+            return _Wake(queue=1, seats=True)
+        # Each request leaving the queue makes at most one more agent busy or absent, so the
+        # idle agents ahead of us can shrink by at most one per departure.
+        ahead = tx.scalar(
+            q.COUNT_IDLE_AGENTS_AHEAD, {"enqueued_at": enqueued_at, "request_id": request_id, "now": now}
+        )
+        return _Wake(queue=max(1, ahead))
 
     def _admit_in_transaction(
         self, tx: Tx, now: int, owner_instance_id: str, only_request_id: str | None
     ) -> AdmittedLease | None:
         """Time out expired requests, then admit the rule's choice (only if it is ``only_request_id``, when given)."""
         self._expire_queued(tx, now)
-        if not self._has_dispatch_capacity(tx, now):
+        if self._capacity_block(tx, now) is not None:
             return None
         candidate = self._select_candidate(tx, now)
         if candidate is None or (only_request_id is not None and candidate[0] != only_request_id):
@@ -457,39 +486,73 @@ class AdmissionPlane:
         initial_delay_ms: float = 1.0,
         max_delay_ms: float = 4.0,
         sleep: Callable[[float], object] = time.sleep,
+        on_wait: Callable[[int], object] | None = None,
     ) -> AdmittedLease | None:
-        """Poll :meth:`admit_request` for ``request_id`` until it is admitted; ``None`` on timeout
-        or once the request is no longer queued (timed out, cancelled, settled).
+        """Wait until ``request_id`` is admitted; ``None`` on timeout or once the request is no
+        longer queued (timed out, cancelled, settled).
 
-        Polls back off exponentially from ``initial_delay_ms`` to ``max_delay_ms`` (with
-        jitter), so many waiting connectors cost little CPU while a freed seat is still
-        taken within a few milliseconds. ``now`` comes from the plane's clock.
+        On SQLite files the wait is driven by the database's doorbell (see
+        :mod:`admission_plane._doorbell`): between admission looks the waiter only reads a
+        few counters, every ``initial_delay_ms`` backing off to ``max_delay_ms`` (with
+        jitter), and looks again when a request ahead of it left the queue, a seat or
+        start slot it waits for was freed, a time it computed (end of a cooldown or of the
+        start interval) has come, or :data:`DOORBELL_FALLBACK_MS` have passed. Many
+        waiters therefore cost almost nothing, and a freed seat is taken within about
+        ``initial_delay_ms``. Without a doorbell (PostgreSQL) it polls the look itself
+        with the same back-off. ``on_wait(now)`` is called after every look that did not
+        admit (e.g. to show the queue position). ``now`` comes from the plane's clock.
         """
         v.identifier(request_id, "admission request ID")
         v.identifier(owner_instance_id, "admission owner instance ID")
         if timeout_ms is not None:
             v.timestamp(timeout_ms, "admission wait timeout")
         deadline = None if timeout_ms is None else self._clock() + timeout_ms
+        doorbell = self._doorbell
         delay = initial_delay_ms / 1000
-        for attempt in itertools.count():
+        while True:
+            seen = None if doorbell is None else doorbell.read()
             now = self._clock()
-            lease, reason = self._admit_request(request_id, now, owner_instance_id)
+            lease, wake = self._admit_request(request_id, now, owner_instance_id)
             if lease is not None:
                 return lease
-            if deadline is not None and now >= deadline:
+            if wake is None or (deadline is not None and now >= deadline):
                 return None
-            if attempt % 8 == 7:
-                request = self.get_request(request_id)
-                if request is None or request.state is not RequestState.QUEUED:
-                    return None
-            if reason == "behind":
-                # A seat is free and an older request's connector is about to take it: ours may
-                # be next, so look again soon instead of backing off.
-                delay = BEHIND_DELAY_S
+            if on_wait is not None:
+                on_wait(now)
+            if seen is not None and doorbell is not None:
+                self._await_doorbell(doorbell, seen, wake, now, deadline, initial_delay_ms, max_delay_ms, sleep)
+                continue
+            if not (wake.seats or wake.starts or wake.at is not None):
+                # Behind another request: ours may be next, so look again soon.
+                sleep(BEHIND_DELAY_S * (0.5 + random.random()))  # noqa: S311 - jitter, not cryptography
+                continue
             sleep(delay * (0.5 + random.random()))  # noqa: S311 - jitter, not cryptography
-            if reason != "behind":
-                delay = min(delay * 2, max_delay_ms / 1000)
-        raise AssertionError("unreachable")  # pragma: no cover
+            delay = min(delay * 2, max_delay_ms / 1000)
+
+    def _await_doorbell(
+        self,
+        doorbell: Doorbell,
+        seen: Chimes,
+        wake: _Wake,
+        now: int,
+        deadline: int | None,
+        initial_delay_ms: float,
+        max_delay_ms: float,
+        sleep: Callable[[float], object],
+    ) -> None:
+        """Sleep until ``wake`` is rung past ``seen``, or its time, the fallback or ``deadline`` comes."""
+        limit = now + DOORBELL_FALLBACK_MS
+        for moment in (wake.at, deadline):
+            if moment is not None:
+                limit = min(limit, moment)
+        step = initial_delay_ms / 1000
+        while True:
+            sleep(step * (0.5 + random.random()))  # noqa: S311 - jitter, not cryptography
+            current = doorbell.read()
+            if current is None or wake.rung(seen, current) or self._clock() >= limit:
+                return
+            if not (wake.seats or wake.starts):  # not first in line: no hurry
+                step = min(step * 2, max_delay_ms / 1000)
 
     def get_queue_snapshot(self, request_id: str, now: int) -> QueueSnapshot | None:
         """Where a queued request stands; ``None`` if it is unknown, not queued or has no payload."""
@@ -639,6 +702,7 @@ class AdmissionPlane:
             self._journal(tx, K.REQUEST_PROVIDER_TERMINAL, request_id, S.ACTIVE, S.PROVIDER_TERMINAL, now)
             failure = completion.failure
             if failure is not None and failure.category is FailureCategory.PROVIDER_CAPACITY:
+                tx.ring(Bell.EVERYONE)  # a cooldown can drop requests ahead of any waiter
                 tx.execute(
                     q.UPSERT_COOLDOWN,
                     {
@@ -674,7 +738,12 @@ class AdmissionPlane:
         v.metadata_text(provider, "provider")
         v.metadata_text(model, "model")
         params = {"provider": provider, "model": model, "not_before": not_before, "now": now}
-        self._run(lambda tx: tx.execute(q.UPSERT_COOLDOWN, params))
+
+        def work(tx: Tx) -> None:
+            tx.execute(q.UPSERT_COOLDOWN, params)
+            tx.ring(Bell.EVERYONE)  # a cooldown can drop requests ahead of any waiter
+
+        self._run(work)
 
     def mark_suspect(self, fence: LeaseFence, now: int, reason: SuspectReason | str) -> bool:
         """Mark a lease suspect (keeps the first ``suspect_since``); ``False`` if the fence matches nothing."""
@@ -823,6 +892,7 @@ class AdmissionPlane:
             params = {"request_id": request_id, "owner_instance_id": owner_instance_id, "now": now}
             if tx.execute(q.SETTLE_QUEUED_OWNER, params) != 1:
                 return False
+            tx.ring(Bell.QUEUE)
             tx.execute(q.DELETE_PAYLOAD, {"request_id": request_id})
             self._journal(tx, K.QUEUED_OWNER_DEAD, request_id, S.QUEUED, S.CANCELLED, now)
             return True
@@ -844,6 +914,7 @@ class AdmissionPlane:
                 "owner_instance_id": owner_instance_id,
             }
             if tx.execute(q.INSERT_POLICY_IF_ABSENT, params) == 1:
+                tx.ring(Bell.EVERYONE)  # the seat count may have changed
                 return
             self._assert_policy_in_transaction(tx, policy, fingerprint_hex)
 
@@ -873,6 +944,7 @@ class AdmissionPlane:
                 q.START_DRAIN, {"now": now, "owner": owner_instance_id}
             ) != 1:
                 raise AdmissionRuntimeError("soft drain could not be started atomically")
+            tx.ring(Bell.EVERYONE)
             self._complete_soft_drain_if_settled(tx, owner_instance_id, now)
 
         self._run(work)
@@ -1016,22 +1088,31 @@ class AdmissionPlane:
     def _expire_queued(self, tx: Tx, now: int) -> None:
         for (request_id,) in tx.all(q.SELECT_EXPIRED, {"now": now}):
             if tx.execute(q.TIME_OUT_REQUEST, {"request_id": request_id, "now": now}) == 1:
+                tx.ring(Bell.QUEUE)
                 tx.execute(q.DELETE_PAYLOAD, {"request_id": request_id})
                 self._journal(tx, K.REQUEST_QUEUE_TIMED_OUT, request_id, S.QUEUED, S.QUEUE_TIMEOUT, now)
 
-    def _has_dispatch_capacity(self, tx: Tx, now: int) -> bool:
+    def _capacity_block(self, tx: Tx, now: int) -> _Wake | None:
+        """``None`` if a seat may be taken now (seats, concurrent starts, the minimum start
+        interval and the recent-reservation rule); else what could free one."""
         policy_row = tx.one(q.SELECT_POLICY)
         seats = self.policy.max_active_turns
         if policy_row is not None:
             if _drain_state(policy_row[5]) is DrainState.SOFT_DRAINING_TO_1:
-                return False
+                return _Wake(queue=1, seats=True)  # the drain completes when the last seat is freed
             seats = _policy_integer(policy_row[0], "durable policy max_active_turns")
+        # ``queue=1`` too: while capacity is full a departure is rare (a cancellation, a
+        # time-out), and it may be this very request, which ends the wait.
         if tx.scalar(q.COUNT_SEAT_LEASES) >= seats:
-            return False
+            return _Wake(queue=1, seats=True)
         if tx.scalar(q.COUNT_START_WINDOW_LEASES) >= self.policy.max_concurrent_starts:
-            return False
-        cutoff = {"cutoff": now - self.policy.min_start_interval_ms}
-        return tx.one(q.RECENT_START, cutoff) is None and tx.one(q.RECENT_RESERVATION, cutoff) is None
+            return _Wake(queue=1, starts=True)
+        interval = self.policy.min_start_interval_ms
+        cutoff = {"cutoff": now - interval}
+        if tx.one(q.RECENT_START, cutoff) is None and tx.one(q.RECENT_RESERVATION, cutoff) is None:
+            return None
+        latest = max(tx.scalar(q.LATEST_START) or 0, tx.scalar(q.LATEST_RESERVATION) or 0)
+        return _Wake(queue=1, starts=True, at=max(now + 1, latest + interval))
 
     @staticmethod
     def _select_candidate(tx: Tx, now: int) -> Sequence[Any] | None:
@@ -1044,6 +1125,7 @@ class AdmissionPlane:
         generation = previous_generation + 1
         if tx.execute(q.RESERVE_REQUEST, {"request_id": request_id, "generation": generation}) != 1:
             raise AdmissionStateError("selected admission request is no longer queued")
+        tx.ring(Bell.QUEUE)
         tx.execute(
             q.INSERT_LEASE,
             {
@@ -1072,6 +1154,8 @@ class AdmissionPlane:
         if tx.execute(q.SET_LEASE_PHASE, {**params, "phase": str(phase), "now": now}) != 1:
             raise LeaseFenceError()
         tx.execute(q.SET_REQUEST_STATE, {"request_id": request_id, "state": str(phase)})
+        if current in START_WINDOW_PHASES and phase not in START_WINDOW_PHASES:
+            tx.ring(Bell.STARTS)
         self._journal(tx, LEASE_TRANSITIONS[(RequestState(current), phase)], request_id, current, phase, now)
 
     def _release_seat(
@@ -1090,6 +1174,7 @@ class AdmissionPlane:
         tx.execute(q.DELETE_PAYLOAD, {"request_id": request_id})
         if tx.execute(q.DELETE_LEASE, _fence_params(fence)) != 1:
             raise LeaseFenceError()
+        tx.ring(Bell.SEATS | Bell.STARTS)
         self._journal(tx, kind, request_id, from_state, final, now)
         self._complete_soft_drain_if_settled(tx, fence.owner_instance_id, now)
 
@@ -1129,6 +1214,7 @@ class AdmissionPlane:
             "now": now,
             "owner": owner_instance_id,
         }
+        tx.ring(Bell.EVERYONE)
         if tx.execute(q.COMPLETE_DRAIN, params) != 1:
             raise AdmissionRuntimeError("soft drain could not be completed atomically")
         self._journal(tx, K.POLICY_DRAIN_COMPLETED, POLICY_EVENT_ID, POLICY_SOFT_DRAINING_TO_1, POLICY_STEADY, now)
@@ -1258,3 +1344,38 @@ def _policy_integer(value: object, label: str) -> int:
 
 
 __all__ = ["AdmissionPlane", "FaultInjection", "wall_clock_ms"]
+
+
+@attrs.frozen
+class _Wake:
+    """What a waiting connector waits for before its next admission look (see ``_doorbell``).
+
+    ``queue``: that many requests must leave the queue first (0: departures do not
+    matter); ``seats``/``starts``: a freed seat / start slot; ``at``: a plane-clock time
+    after which time alone may change the answer. A change for everyone always counts.
+    """
+
+    queue: int = 0
+    seats: bool = False
+    starts: bool = False
+    at: int | None = None
+
+    def rung(self, seen: Chimes, current: Chimes) -> bool:
+        """Whether the counters moved from ``seen`` to ``current`` in a way this waiter cares about."""
+        mask = (1 << 64) - 1
+        queue = (current.queue - seen.queue) & mask
+        seats = (current.seats - seen.seats) & mask
+        starts = (current.starts - seen.starts) & mask
+        return (
+            min(queue, seats, starts) >= EVERYONE_STEP
+            or (self.queue > 0 and queue >= self.queue)
+            or (self.seats and seats > 0)
+            or (self.starts and starts > 0)
+        )
+
+
+class _Verdict(enum.Enum):
+    WRITE = "an admission attempt may succeed now"
+
+
+_WRITE = _Verdict.WRITE

@@ -83,7 +83,12 @@ class DispatchRefusedError(AdmissionStateError):
 
 @attrs.frozen
 class Backoff:
-    """Polling delays: ``initial_ms``, multiplied by ``factor`` up to ``max_ms``, with +/- ``jitter``."""
+    """Polling delays: ``initial_ms``, multiplied by ``factor`` up to ``max_ms``, with +/- ``jitter``.
+
+    Waiting for admission uses ``initial_ms`` and ``max_ms`` as
+    :meth:`AdmissionPlane.wait_for_admission`'s ``initial_delay_ms`` and ``max_delay_ms``;
+    waiting for a start slot uses all four.
+    """
 
     initial_ms: int = 10
     factor: float = 1.6
@@ -291,27 +296,28 @@ class Turn:
         self._report("enqueued")
 
     def _wait_for_admission(self) -> None:
-        owner = self.plane.owner_identity.owner_instance_id
-        started = self._clock()
-        delays = self._backoff.delays()
-        while True:
-            now = self._clock()
-            lease = self.plane.admit_request(self.request_id, now, owner)
-            if lease is not None:
-                self.lease, self.admitted_at = lease, now
-                self._stage = _Stage.LEASED
-                self._report(S.ADMITTED)
-                return
+        def on_wait(now: int) -> None:
             self.snapshot = self.plane.get_queue_snapshot(self.request_id, now)
-            if self.snapshot is None:
-                stored = self.plane.get_request(self.request_id)
-                if stored is None or stored.state is not S.QUEUED:
-                    state = "absent" if stored is None else str(stored.state)
-                    raise TurnNotAdmittedError(f"the request left the queue without being admitted here ({state})")
             self._report(S.QUEUED)
-            if self._wait_timeout_ms is not None and now - started >= self._wait_timeout_ms:
-                raise TurnNotAdmittedError("timed out waiting for admission")
-            self._sleep(next(delays))
+
+        lease = self.plane.wait_for_admission(
+            self.request_id,
+            self.plane.owner_identity.owner_instance_id,
+            timeout_ms=self._wait_timeout_ms,
+            initial_delay_ms=self._backoff.initial_ms,
+            max_delay_ms=self._backoff.max_ms,
+            sleep=self._sleep,
+            on_wait=on_wait,
+        )
+        if lease is None:
+            stored = self.plane.get_request(self.request_id)
+            if stored is None or stored.state is not S.QUEUED:
+                state = "absent" if stored is None else str(stored.state)
+                raise TurnNotAdmittedError(f"the request left the queue without being admitted here ({state})")
+            raise TurnNotAdmittedError("timed out waiting for admission")
+        self.lease, self.admitted_at = lease, self._clock()
+        self._stage = _Stage.LEASED
+        self._report(S.ADMITTED)
 
     def _start(self) -> None:
         assert self.lease is not None

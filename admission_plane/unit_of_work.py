@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 from sqlalchemy import BigInteger, Engine, func, literal, select
 from sqlalchemy.exc import DBAPIError
 
+from ._doorbell import ring
 from ._sql import Statement, Tx
 from .db import writer_lock_path
 from .errors import AdmissionBusyError, AdmissionDatabaseError
@@ -97,6 +98,8 @@ class UnitOfWork:
         """Make the work durable (``synchronous=FULL`` on SQLite: durable on return)."""
         self._connection.commit()
         self._committed = True
+        if self._gate is not None and self.tx.rings:
+            self._gate.ring(self.tx.rings)
 
     def __exit__(
         self,
@@ -126,7 +129,8 @@ class _WriterGate:
     migrations) are still excluded by SQLite's own lock, which writers wait for as before.
     Each unit opens its own file description, so threads of one process queue too. The lock
     is released by ``close`` and by the kernel when a process dies; a writer whose holder is
-    *stopped* (SIGSTOP) waits until it resumes or dies.
+    *stopped* (SIGSTOP) waits until it resumes or dies. The file's first bytes hold the
+    admission doorbell (:mod:`admission_plane._doorbell`), rung by the holder after commit.
     """
 
     __slots__ = ("_fd",)
@@ -149,6 +153,10 @@ class _WriterGate:
             os.close(fd)
             raise
         return cls(fd)
+
+    def ring(self, bells: int) -> None:
+        """Ring the doorbell kept in this file (see :mod:`admission_plane._doorbell`); needs the lock."""
+        ring(self._fd, bells)
 
     def leave(self) -> None:
         os.close(self._fd)  # releases the flock

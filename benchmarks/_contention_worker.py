@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--hold-ms", type=float, default=0)
     parser.add_argument("--poll-ms", type=float, default=1)
-    parser.add_argument("--max-poll-ms", type=float, default=4, help="the back-off's ceiling (wait_for_admission's default)")
+    parser.add_argument("--max-poll-ms", type=float, default=4, help="the back-off ceiling")
     parser.add_argument("--policy", required=True, help="JSON list: the five policy integers")
     args = parser.parse_args(argv)
     connector = Connector(args)

@@ -1,0 +1,324 @@
+"""The admission doorbell: which writes ring it, and how waiting connectors use it to look less often."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Callable
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+from planes import admit, enqueue, lease_in_phase
+
+from admission_plane import AdmissionPlane, LiveTurnCompletion, Policy, RequestState
+from admission_plane._doorbell import EVERYONE_STEP, Bell, Chimes, Doorbell, ring
+from admission_plane.service import DOORBELL_FALLBACK_MS, _Wake
+
+SQLITE_ONLY = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+ONE_SEAT = Policy(1, 1, 0, 1_800_000, 30_000)
+
+
+# --- the counters --------------------------------------------------------------------------------
+
+
+def test_ring_adds_one_per_bell_and_everyone_adds_to_all_three(tmp_path: Path) -> None:
+    """QUEUE/SEATS/STARTS each add one to their counter; EVERYONE adds 2**32 to all three."""
+    path = str(tmp_path / "gate")
+    bell = Doorbell.open(path)
+    assert bell is not None
+    assert bell.read() == Chimes(0, 0, 0), "a new (empty) gate file reads as zeros"
+    fd = os.open(path, os.O_RDWR)
+    try:
+        ring(fd, Bell.QUEUE)
+        ring(fd, Bell.SEATS | Bell.STARTS)
+        ring(fd, 0)
+        assert bell.read() == Chimes(1, 1, 1)
+        ring(fd, Bell.EVERYONE | Bell.QUEUE)
+        assert bell.read() == Chimes(EVERYONE_STEP + 2, EVERYONE_STEP + 1, EVERYONE_STEP + 1)
+    finally:
+        os.close(fd)
+        bell.close()
+    assert bell.read() is None, "a closed doorbell reads nothing"
+    bell.close()  # idempotent
+
+
+def test_counters_wrap_around_at_64_bits(tmp_path: Path) -> None:
+    """A counter at 2**64 - 1 wraps to 0, and a waiter still sees the change."""
+    path = tmp_path / "gate"
+    path.write_bytes((2**64 - 1).to_bytes(8, "little") * 3)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        ring(fd, Bell.QUEUE)
+    finally:
+        os.close(fd)
+    bell = Doorbell.open(str(path))
+    assert bell is not None
+    seen = Chimes(2**64 - 1, 2**64 - 1, 2**64 - 1)
+    assert bell.read() == Chimes(0, 2**64 - 1, 2**64 - 1)
+    assert _Wake(queue=1).rung(seen, bell.read())  # type: ignore[arg-type]
+    bell.close()
+
+
+def test_no_doorbell_without_a_file() -> None:
+    """No gate file (PostgreSQL, an in-memory database) or an unopenable one means no doorbell."""
+    assert Doorbell.open(None) is None
+    assert Doorbell.open("/nonexistent-directory/gate") is None
+
+
+@pytest.mark.parametrize(
+    ("wake", "current", "rung"),
+    [
+        (_Wake(queue=2), Chimes(11, 5, 5), False),
+        (_Wake(queue=2), Chimes(12, 5, 5), True),
+        (_Wake(queue=2), Chimes(10, 9, 9), False),
+        (_Wake(queue=1, seats=True), Chimes(10, 6, 5), True),
+        (_Wake(queue=1, seats=True), Chimes(10, 5, 6), False),
+        (_Wake(queue=1, starts=True), Chimes(10, 5, 6), True),
+        (_Wake(at=99), Chimes(50, 50, 50), False),
+        (_Wake(), Chimes(10 + EVERYONE_STEP, 5 + EVERYONE_STEP, 5 + EVERYONE_STEP), True),
+    ],
+)
+def test_a_waiter_wakes_only_for_what_it_waits_for(wake: _Wake, current: Chimes, rung: bool) -> None:
+    """From counters (10, 5, 5): k departures, a freed seat or start slot, or a change for everyone."""
+    assert wake.rung(Chimes(10, 5, 5), current) is rung
+
+
+# --- what rings ------------------------------------------------------------------------------------
+
+
+def chimes(plane: AdmissionPlane) -> Chimes:
+    reading = plane._doorbell.read() if plane._doorbell is not None else None
+    assert reading is not None, "an SQLite file plane has a doorbell"
+    return reading
+
+
+def moved(before: Chimes, after: Chimes) -> tuple[int, int, int]:
+    return after.queue - before.queue, after.seats - before.seats, after.starts - before.starts
+
+
+@SQLITE_ONLY
+def test_each_operation_rings_what_it_changed_for_waiters(plane: AdmissionPlane) -> None:
+    """Admission and cancellation ring QUEUE, leaving the start window rings STARTS, a freed seat SEATS and
+    STARTS, a cooldown everyone; enqueueing, starting and the dispatch intent ring nothing."""
+    steps: list[tuple[str, Callable[[], Any], tuple[int, int, int]]] = []
+    state: dict[str, Any] = {}
+    steps.append(("enqueue", lambda: enqueue(plane, "r1"), (0, 0, 0)))
+    steps.append(("admit", lambda: state.setdefault("lease", admit(plane, 1_001)), (1, 0, 0)))
+    steps.append(("starting", lambda: plane.mark_starting(state["lease"], 1_002), (0, 0, 0)))
+    steps.append(("intent", lambda: plane.mark_dispatch_intent(state["lease"], 1_003), (0, 0, 0)))
+    steps.append(("active", lambda: plane.mark_active(state["lease"], 1_004), (0, 0, 1)))
+    steps.append(("complete", lambda: plane.complete_live_turn(
+        state["lease"], 1_005, LiveTurnCompletion("completed")), (0, 1, 1)))
+    steps.append(("enqueue r2", lambda: enqueue(plane, "r2", now=1_006), (0, 0, 0)))
+    steps.append(("cancel", lambda: plane.cancel_queued("r2", 1_007), (1, 0, 0)))
+    steps.append(("cooldown", lambda: plane.set_capacity_cooldown("p", "m", 90_000, 1_008),
+                  (EVERYONE_STEP, EVERYONE_STEP, EVERYONE_STEP)))
+    for name, step, expected in steps:
+        before = chimes(plane)
+        step()
+        assert moved(before, chimes(plane)) == expected, name
+
+
+@SQLITE_ONLY
+def test_a_queue_timeout_rings_queue(make_plane: Callable[..., AdmissionPlane]) -> None:
+    """Requests timed out by an admission look's writer count as departures."""
+    plane = make_plane(policy=Policy(1, 1, 0, 1_000, 30_000))
+    enqueue(plane, "old", now=1_000, expires_at=10_000)
+    before = chimes(plane)
+    assert plane.admit_next(5_000, "owner") is None  # "old" timed out at 2 000, nothing else queued
+    assert plane.get_request("old").state is RequestState.QUEUE_TIMEOUT
+    assert moved(before, chimes(plane)) == (1, 0, 0)
+
+
+@SQLITE_ONLY
+def test_a_refused_operation_rings_nothing(plane: AdmissionPlane) -> None:
+    """A transaction that rolls back announces nothing, even if it had asked to ring."""
+    lease = lease_in_phase(plane, "admitted")
+    before = chimes(plane)
+    with pytest.raises(Exception, match="lease is not"):
+        plane.mark_active(lease, 2_000)
+    assert chimes(plane) == before
+
+
+# --- waiting with the doorbell --------------------------------------------------------------------------
+
+
+class Clock:
+    """A clock the test advances: every sleep moves it forward by the slept time (at least 1 ms)."""
+
+    def __init__(self, now: int = 1_000) -> None:
+        self.now = now
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> int:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += max(1, round(seconds * 1000))
+
+
+def count_looks(plane: AdmissionPlane, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record the request id of every admission look the plane runs."""
+    looks: list[str] = []
+    original = plane._look
+
+    def look(tx: Any, request_id: str, now: int) -> Any:
+        looks.append(request_id)
+        return original(tx, request_id, now)
+
+    monkeypatch.setattr(plane, "_look", look)
+    return looks
+
+
+@SQLITE_ONLY
+def test_a_waiter_behind_two_idle_agents_looks_again_only_after_two_departures(
+    make_plane: Callable[..., AdmissionPlane], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between looks it only reads the doorbell; one departure is not enough, the second makes it look and win."""
+    clock = Clock()
+    plane = make_plane(policy=Policy(3, 3, 0, 1_800_000, 30_000), clock=clock)
+    other = make_plane(policy=Policy(3, 3, 0, 1_800_000, 30_000))
+    enqueue(plane, "first", agent_id="a", now=900)
+    enqueue(plane, "second", agent_id="b", now=901)
+    enqueue(plane, "mine", agent_id="c", now=902)
+    looks = count_looks(plane, monkeypatch)
+    admitted: list[str] = []
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        if len(clock.sleeps) in (3, 6):
+            lease = other.admit_next(clock.now, "other")
+            assert lease is not None
+            admitted.append(lease.request_id)
+
+    lease = plane.wait_for_admission("mine", "me", sleep=sleep)
+    assert admitted == ["first", "second"]
+    assert lease is not None
+    assert lease.request_id == "mine"
+    assert looks == ["mine", "mine"], "one look at the start, one after the second departure"
+    assert len(clock.sleeps) == 6
+
+
+@SQLITE_ONLY
+def test_the_first_waiter_takes_a_freed_seat_at_its_next_doorbell_read(
+    make_plane: Callable[..., AdmissionPlane], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocked on a full plane, the head waiter reads the doorbell every initial delay (no back-off) and looks
+    again as soon as the seat is freed."""
+    clock = Clock()
+    plane = make_plane(policy=ONE_SEAT, clock=clock)
+    holder = make_plane(policy=ONE_SEAT)
+    held = lease_in_phase(holder, "active", "held", now=500)
+    enqueue(plane, "mine", agent_id="b", now=900)
+    looks = count_looks(plane, monkeypatch)
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        if len(clock.sleeps) == 20:
+            holder.complete_live_turn(held, clock.now, LiveTurnCompletion("completed"))
+
+    lease = plane.wait_for_admission("mine", "me", initial_delay_ms=1.0, sleep=sleep)
+    assert lease is not None
+    assert lease.request_id == "mine"
+    assert looks == ["mine", "mine"]
+    assert len(clock.sleeps) == 20
+    assert max(clock.sleeps) <= 0.0015 + 1e-9, "the head does not back off"
+
+
+@SQLITE_ONLY
+def test_a_seat_freed_by_a_writer_that_does_not_ring_is_found_by_the_fallback(
+    make_plane: Callable[..., AdmissionPlane], database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another program (here the sqlite3 module) frees the seat without ringing: the waiter looks again after
+    DOORBELL_FALLBACK_MS of its clock and is admitted."""
+    clock = Clock()
+    plane = make_plane(policy=ONE_SEAT, clock=clock)
+    lease_in_phase(make_plane(policy=ONE_SEAT), "active", "held", now=500)
+    enqueue(plane, "mine", agent_id="b", now=900)
+    start = clock.now
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        if len(clock.sleeps) == 1:
+            with closing(sqlite3.connect(database_url)) as connection, connection:
+                connection.execute("DELETE FROM leases")
+
+    looks = count_looks(plane, monkeypatch)
+    lease = plane.wait_for_admission("mine", "me", sleep=sleep)
+    assert lease is not None
+    assert looks == ["mine", "mine"]
+    assert DOORBELL_FALLBACK_MS <= clock.now - start <= DOORBELL_FALLBACK_MS + 5
+
+
+@SQLITE_ONLY
+def test_a_waiter_whose_model_cools_down_looks_again_when_the_cooldown_ends(
+    make_plane: Callable[..., AdmissionPlane], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cooling provider/model: seats are free, but the next look is at the cooldown's end, not before."""
+    clock = Clock()
+    plane = make_plane(policy=Policy(2, 2, 0, 1_800_000, 30_000), clock=clock)
+    enqueue(plane, "mine", agent_id="b", now=901)
+    plane.set_capacity_cooldown("antigravity", "model-test", 1_100, 1_000)
+    looks = count_looks(plane, monkeypatch)
+    lease = plane.wait_for_admission("mine", "me", sleep=clock.sleep)
+    assert lease is not None
+    assert looks == ["mine", "mine"]
+    assert 1_100 <= clock.now <= 1_105
+
+
+@SQLITE_ONLY
+def test_a_waiter_stops_when_its_request_is_cancelled(
+    make_plane: Callable[..., AdmissionPlane],
+) -> None:
+    """A cancellation rings the queue, so a head waiter blocked on seats notices at once and returns None."""
+    clock = Clock()
+    plane = make_plane(policy=ONE_SEAT, clock=clock)
+    lease_in_phase(make_plane(policy=ONE_SEAT), "active", "held", now=500)
+    enqueue(plane, "mine", agent_id="b", now=900)
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        if len(clock.sleeps) == 2:
+            plane.cancel_queued("mine", clock.now)
+
+    assert plane.wait_for_admission("mine", "me", sleep=sleep) is None
+    assert len(clock.sleeps) == 2
+
+
+@SQLITE_ONLY
+def test_on_wait_is_called_after_every_look_that_did_not_admit(make_plane: Callable[..., AdmissionPlane]) -> None:
+    """``on_wait(now)`` sees each unsuccessful look, with the plane's clock."""
+    clock = Clock()
+    plane = make_plane(policy=ONE_SEAT, clock=clock)
+    held = lease_in_phase(make_plane(policy=ONE_SEAT), "active", "held", now=500)
+    enqueue(plane, "mine", agent_id="b", now=900)
+    calls: list[int] = []
+
+    def on_wait(now: int) -> None:
+        calls.append(now)
+        if len(calls) == 2:
+            plane.complete_live_turn(held, now, LiveTurnCompletion("completed"))
+
+    assert plane.wait_for_admission("mine", "me", sleep=clock.sleep, on_wait=on_wait) is not None
+    assert len(calls) == 2
+    assert calls[0] < calls[1]
+
+
+@SQLITE_ONLY
+def test_the_start_interval_wait_ends_at_the_interval(
+    make_plane: Callable[..., AdmissionPlane], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocked only by the minimum start interval, the waiter looks again when it has elapsed."""
+    clock = Clock(now=2_000)
+    policy = Policy(3, 3, 100, 1_800_000, 30_000)
+    plane = make_plane(policy=policy, clock=clock)
+    first = lease_in_phase(make_plane(policy=policy), "admitted", "first", now=1_990)
+    enqueue(plane, "mine", agent_id="b", now=1_995)
+    looks = count_looks(plane, monkeypatch)
+    lease = plane.wait_for_admission("mine", "me", sleep=clock.sleep)
+    assert lease is not None
+    assert looks == ["mine", "mine"]
+    assert clock.now >= 1_991 + 100, f"admitted only after the interval from the reservation of {first.request_id}"
