@@ -58,6 +58,10 @@ CONTENTION_SECONDS = 0.5 if QUICK else 5.0
 PG_CONTENTION_CASES: tuple[tuple[int, int, int], ...] = (
     ((2, 0, 1),) if QUICK else tuple((p, 0, CONTENTION_POLL_MS) for p in CONTENTION_PROCESSES)
 )
+#: Idle waiters: this many connectors wait this long for seats that stay held (doorbell vs polling).
+WAITERS = 4 if QUICK else 16
+WAITERS_SECONDS = 0.3 if QUICK else 3.0
+WAITERS_POLICY = Policy(2, 2, 0, 1_800_000, 30_000)
 #: Admin URL of the PostgreSQL server the PG benchmarks create their database on.
 POSTGRES_URL_VARIABLE = "ADMISSION_PLANE_TEST_POSTGRES_URL"
 DEFAULT_POSTGRES_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"

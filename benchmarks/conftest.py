@@ -264,6 +264,12 @@ def compute_ratios() -> dict[str, Any]:
         "contention_hold50_P8_vs_P1": _ratio(
             _get("contention.hold50.P8.turns_per_s"), _get("contention.hold50.P1.turns_per_s")
         ),
+        "waiters_cpu_doorbell_vs_polling": _ratio(
+            _get("waiters.doorbell.cpu_s_per_s"), _get("waiters.polling.cpu_s_per_s")
+        ),
+        "waiters_looks_doorbell_vs_polling": _ratio(
+            _get("waiters.doorbell.looks_per_waiter_per_s"), _get("waiters.polling.looks_per_waiter_per_s")
+        ),
         "contention_pg_P1_vs_sqlite_P1": _ratio(pg_p1, p1),
         "contention_pg_P8_vs_sqlite_P8": _ratio(pg_p8, p8),
     }

@@ -1,0 +1,107 @@
+"""Idle waiters: what waiting connectors cost while every seat stays held, with and without the doorbell.
+
+Two seats are held by this process; ``WAITERS`` connector processes
+(:mod:`benchmarks._waiter`) each enqueue a request and wait for it for
+``WAITERS_SECONDS``, all starting together, then time out. In ``doorbell`` mode they wait
+as :meth:`AdmissionPlane.wait_for_admission` does on an SQLite file (reading the
+doorbell's counters between looks); in ``polling`` mode the doorbell is disabled, so
+every back-off step runs the admission look, as on a database without one. Figures: CPU
+seconds the waiters used per second of waiting (summed over the waiters) and admission
+looks per waiter per second. The summary reports the doorbell/polling CPU ratio.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ._support import (
+    COMPLETED,
+    RESULTS,
+    WAITERS,
+    WAITERS_POLICY,
+    WAITERS_SECONDS,
+    migrated,
+    open_plane,
+    wall_ms,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_waiters(path: Path, mode: str) -> dict[str, Any]:
+    """Hold every seat, let ``WAITERS`` processes wait in ``mode``, gather their reports."""
+    holder = open_plane(path, WAITERS_POLICY)
+    leases = []
+    try:
+        now = wall_ms()
+        for seat in range(WAITERS_POLICY.max_active_turns):
+            holder.enqueue_with_payload(
+                request_id=f"held-{seat}", session_id="holder", agent_id=f"holder-{seat}", fingerprint="fp-1",
+                provider="antigravity", model="model-bench", now=now, plaintext="prompt", expires_at=now + 1_800_001,
+            )
+            lease = holder.admit_next(now, "holder")
+            assert lease is not None
+            leases.append(lease)
+        command = [
+            sys.executable, "-m", "benchmarks._waiter", "--database", os.fspath(path), "--seconds",
+            str(WAITERS_SECONDS), "--mode", mode, "--policy", json.dumps(list(WAITERS_POLICY.as_tuple())),
+        ]
+        workers = [
+            subprocess.Popen([*command, "--index", str(index)], cwd=REPO, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+            for index in range(WAITERS)
+        ]
+        try:
+            for worker in workers:
+                assert worker.stdout is not None
+                assert worker.stdout.readline().strip() == "ready"
+            for worker in workers:
+                assert worker.stdin is not None
+                worker.stdin.write("go\n")
+                worker.stdin.flush()
+            reports = []
+            for worker in workers:
+                out, _ = worker.communicate(timeout=WAITERS_SECONDS + 120)
+                assert worker.returncode == 0
+                reports.append(json.loads(out.strip().splitlines()[-1]))
+        finally:
+            for worker in workers:
+                if worker.poll() is None:
+                    worker.kill()
+                    worker.wait()
+        for lease in leases:
+            holder.mark_starting(lease, wall_ms())
+            holder.mark_dispatch_intent(lease, wall_ms())
+            holder.mark_active(lease, wall_ms())
+            holder.complete_live_turn(lease, wall_ms(), COMPLETED)
+    finally:
+        holder.close()
+    assert not any(report["admitted"] for report in reports), "the seats stayed held, so nobody was admitted"
+    cpu = sum(report["cpu_s"] for report in reports)
+    looks = sum(report["looks"] for report in reports)
+    return {
+        "waiters": WAITERS,
+        "seconds": WAITERS_SECONDS,
+        "cpu_s": cpu,
+        "cpu_s_per_s": cpu / WAITERS_SECONDS,
+        "looks": looks,
+        "looks_per_waiter_per_s": looks / WAITERS / WAITERS_SECONDS,
+    }
+
+
+@pytest.mark.parametrize("mode", ["doorbell", "polling"])
+def test_idle_waiters(benchmark, disk_dir: Path, mode: str) -> None:
+    """Waiters on a full plane time out without being admitted; their CPU and looks are recorded."""
+    path = migrated(disk_dir / "waiters.sqlite")
+    figures: dict[str, Any] = {}
+    benchmark.pedantic(lambda: figures.update(run_waiters(path, mode)), rounds=1, iterations=1)
+    benchmark.extra_info.update(figures)
+    RESULTS.setdefault("waiters", {})[mode] = figures
+    assert figures["looks"] >= WAITERS, "every waiter looked at least once"
