@@ -1,4 +1,4 @@
-"""Wake-ups for connectors waiting for admission on one SQLite database file.
+"""Wake-ups for connectors waiting for admission.
 
 Waiting connectors used to re-run the admission look every few milliseconds. A look
 is a read transaction of about ten statements, and on a busy file every look starts
@@ -19,6 +19,13 @@ and runs the look again only when a counter it cares about has moved:
 Changes that may reorder the whole queue (a cooldown set, a durable policy claimed, a
 drain begun or completed) add ``2**32`` to all three, which wakes every waiter.
 
+On PostgreSQL the same counters live in memory, in each plane: a writing transaction
+that changed something sends ``NOTIFY admission_plane_doorbell, '<bells>'`` (delivered
+only if it commits, to every listener of the database, on every host), and a daemon
+thread of the waiting plane, on its own connection, listens and counts
+(:class:`ListeningDoorbell`). Until it listens, and while it reconnects, ``read``
+returns ``None`` and waiters poll; each (re)connection counts as a change for everyone.
+
 The doorbell only decides *when* to look; every decision is still made by the
 admission transaction itself, so a missed or spurious ring costs latency, never
 correctness. Writers that do not ring (the original JavaScript connector, the
@@ -27,11 +34,23 @@ correctness. Writers that do not ring (the original JavaScript connector, the
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import logging
 import os
 import struct
+import threading
+from collections.abc import Callable
+from typing import Any
 
 import attrs
+from sqlalchemy import Engine
+
+from .db import writer_lock_path
+
+_log = logging.getLogger(__name__)
+#: The PostgreSQL notification channel (one per database).
+CHANNEL = "admission_plane_doorbell"
 
 _COUNTERS = struct.Struct("<3Q")
 _MASK = (1 << 64) - 1
@@ -61,6 +80,15 @@ def _unpack(data: bytes) -> Chimes:
     return Chimes(*_COUNTERS.unpack(data.ljust(_COUNTERS.size, b"\0")[: _COUNTERS.size]))
 
 
+def _advance(current: Chimes, bells: int) -> Chimes:
+    step = EVERYONE_STEP if bells & Bell.EVERYONE else 0
+    return Chimes(
+        (current.queue + step + (1 if bells & Bell.QUEUE else 0)) & _MASK,
+        (current.seats + step + (1 if bells & Bell.SEATS else 0)) & _MASK,
+        (current.starts + step + (1 if bells & Bell.STARTS else 0)) & _MASK,
+    )
+
+
 def ring(fd: int, bells: int) -> None:
     """Add ``bells`` to the counters in the gate file ``fd``; the caller holds the gate's lock.
 
@@ -70,17 +98,8 @@ def ring(fd: int, bells: int) -> None:
     if not bells:
         return
     try:
-        current = _unpack(os.pread(fd, _COUNTERS.size, 0))
-        step = EVERYONE_STEP if bells & Bell.EVERYONE else 0
-        os.pwrite(
-            fd,
-            _COUNTERS.pack(
-                (current.queue + step + (1 if bells & Bell.QUEUE else 0)) & _MASK,
-                (current.seats + step + (1 if bells & Bell.SEATS else 0)) & _MASK,
-                (current.starts + step + (1 if bells & Bell.STARTS else 0)) & _MASK,
-            ),
-            0,
-        )
+        after = _advance(_unpack(os.pread(fd, _COUNTERS.size, 0)), bells)
+        os.pwrite(fd, _COUNTERS.pack(after.queue, after.seats, after.starts), 0)
     except OSError:
         pass
 
@@ -120,3 +139,94 @@ class Doorbell:
         fd, self._fd = self._fd, -1
         if fd >= 0:
             os.close(fd)
+
+
+class ListeningDoorbell:
+    """PostgreSQL: counters kept in memory by a thread that listens on :data:`CHANNEL`.
+
+    The thread and its connection start on the first :meth:`read` (a plane that never
+    waits opens nothing); :meth:`read` returns ``None`` until the ``LISTEN`` is in place
+    and whenever the connection was lost, and the thread reconnects every second.
+    """
+
+    __slots__ = ("_chimes", "_connect", "_lock", "_ready", "_stop", "_thread")
+
+    #: How long one wait for notifications lasts before the thread checks for ``close``.
+    POLL_S = 0.2
+
+    def __init__(self, connect: Callable[[], Any]) -> None:
+        self._connect = connect
+        self._lock = threading.Lock()
+        self._chimes = Chimes()
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def for_engine(cls, engine: Engine) -> ListeningDoorbell:
+        """A doorbell listening through a dedicated (unpooled) connection of ``engine``'s database."""
+        cargs, cparams = engine.dialect.create_connect_args(engine.url)
+
+        def connect() -> Any:
+            connection = engine.dialect.loaded_dbapi.connect(*cargs, **cparams)
+            connection.autocommit = True
+            return connection
+
+        return cls(connect)
+
+    def read(self) -> Chimes | None:
+        """The counters now, or ``None`` while the listener is not (yet) listening."""
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None and not self._stop.is_set():
+                    self._thread = threading.Thread(target=self._listen, name="admission-plane-doorbell", daemon=True)
+                    self._thread.start()
+        if not self._ready.is_set():
+            return None
+        with self._lock:
+            return self._chimes
+
+    def _count(self, bells: int) -> None:
+        with self._lock:
+            self._chimes = _advance(self._chimes, bells)
+
+    def _listen(self) -> None:
+        while not self._stop.is_set():
+            try:
+                connection = self._connect()
+            except Exception as error:  # noqa: BLE001 - any failure means "no doorbell for now"
+                _log.debug("admission doorbell cannot connect: %s", type(error).__name__)
+                self._stop.wait(1.0)
+                continue
+            try:
+                connection.execute(f"LISTEN {CHANNEL}")
+                self._count(Bell.EVERYONE)  # anything may have rung while nobody listened
+                self._ready.set()
+                while not self._stop.is_set():
+                    for note in connection.notifies(timeout=self.POLL_S):
+                        try:
+                            self._count(int(note.payload))
+                        except ValueError:
+                            self._count(Bell.EVERYONE)
+            except Exception as error:  # noqa: BLE001 - lost connection: poll until it is back
+                _log.debug("admission doorbell lost its connection: %s", type(error).__name__)
+            finally:
+                self._ready.clear()
+                with contextlib.suppress(Exception):
+                    connection.close()
+            self._stop.wait(1.0)
+
+    def close(self) -> None:
+        """Stop the listener thread and close its connection (idempotent)."""
+        self._stop.set()
+        self._ready.clear()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=2 * self.POLL_S + 1.0)
+
+
+def open_doorbell(engine: Engine) -> Doorbell | ListeningDoorbell | None:
+    """The doorbell of ``engine``'s database: the gate file on SQLite, notifications on PostgreSQL."""
+    if engine.dialect.name == "postgresql":
+        return ListeningDoorbell.for_engine(engine)
+    return Doorbell.open(writer_lock_path(engine))

@@ -23,7 +23,7 @@ from sqlalchemy.engine import URL
 
 from . import _queries as q
 from . import _validate as v
-from ._doorbell import EVERYONE_STEP, Bell, Chimes, Doorbell
+from ._doorbell import EVERYONE_STEP, Bell, Chimes, Doorbell, ListeningDoorbell, open_doorbell
 from ._inventory import dispatch_from_row, dispatch_record_from_mapping, queued_owner_from_row
 from ._sql import Tx
 from .crypto import (
@@ -36,7 +36,7 @@ from .crypto import (
     policy_fingerprint,
     seal,
 )
-from .db import create_admission_engine, writer_lock_path
+from .db import create_admission_engine
 from .errors import (
     AdmissionConflictError,
     AdmissionRuntimeError,
@@ -167,7 +167,7 @@ class AdmissionPlane:
             self.engine, self._owns_engine = database, False
         else:
             self.engine, self._owns_engine = create_admission_engine(database), True
-        self._doorbell = Doorbell.open(writer_lock_path(self.engine))
+        self._doorbell = open_doorbell(self.engine)
         self._closed = False
         self._close_lock = threading.Lock()
         try:
@@ -491,15 +491,15 @@ class AdmissionPlane:
         """Wait until ``request_id`` is admitted; ``None`` on timeout or once the request is no
         longer queued (timed out, cancelled, settled).
 
-        On SQLite files the wait is driven by the database's doorbell (see
-        :mod:`admission_plane._doorbell`): between admission looks the waiter only reads a
-        few counters, every ``initial_delay_ms`` backing off to ``max_delay_ms`` (with
-        jitter), and looks again when a request ahead of it left the queue, a seat or
-        start slot it waits for was freed, a time it computed (end of a cooldown or of the
-        start interval) has come, or :data:`DOORBELL_FALLBACK_MS` have passed. Many
-        waiters therefore cost almost nothing, and a freed seat is taken within about
-        ``initial_delay_ms``. Without a doorbell (PostgreSQL) it polls the look itself
-        with the same back-off. ``on_wait(now)`` is called after every look that did not
+        The wait is driven by the database's doorbell (see :mod:`admission_plane._doorbell`):
+        between admission looks the waiter only reads a few counters, every
+        ``initial_delay_ms`` backing off to ``max_delay_ms`` (with jitter), and looks again
+        when a request ahead of it left the queue, a seat or start slot it waits for was
+        freed, a time it computed (end of a cooldown or of the start interval) has come, or
+        :data:`DOORBELL_FALLBACK_MS` have passed. Many waiters therefore cost almost
+        nothing, and a freed seat is taken within about ``initial_delay_ms``. While there is
+        no doorbell (an in-memory database, a PostgreSQL listener still connecting) it
+        polls the look itself with the same back-off. ``on_wait(now)`` is called after every look that did not
         admit (e.g. to show the queue position). ``now`` comes from the plane's clock.
         """
         v.identifier(request_id, "admission request ID")
@@ -531,7 +531,7 @@ class AdmissionPlane:
 
     def _await_doorbell(
         self,
-        doorbell: Doorbell,
+        doorbell: Doorbell | ListeningDoorbell,
         seen: Chimes,
         wake: _Wake,
         now: int,

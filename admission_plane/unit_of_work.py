@@ -31,10 +31,10 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
-from sqlalchemy import BigInteger, Engine, func, literal, select
+from sqlalchemy import BigInteger, Engine, bindparam, func, literal, select
 from sqlalchemy.exc import DBAPIError
 
-from ._doorbell import ring
+from ._doorbell import CHANNEL, ring
 from ._sql import Statement, Tx
 from .db import writer_lock_path
 from .errors import AdmissionBusyError, AdmissionDatabaseError
@@ -50,6 +50,7 @@ SQLITE_CONTENTION = frozenset(
 POSTGRES_RETRYABLE = frozenset({"40001", "40P01"})
 DEFAULT_ATTEMPTS = 5
 _LOCK_STATEMENT = Statement(select(func.pg_advisory_xact_lock(literal(ADVISORY_LOCK_KEY, BigInteger))))
+_NOTIFY_STATEMENT = Statement(select(func.pg_notify(literal(CHANNEL), bindparam("bells"))))
 
 
 class UnitOfWork:
@@ -96,6 +97,9 @@ class UnitOfWork:
 
     def commit(self) -> None:
         """Make the work durable (``synchronous=FULL`` on SQLite: durable on return)."""
+        if self.tx.rings and self._engine.dialect.name == "postgresql":
+            # Delivered by the server only if, and when, the transaction commits.
+            self.tx.execute(_NOTIFY_STATEMENT, {"bells": str(self.tx.rings)})
         self._connection.commit()
         self._committed = True
         if self._gate is not None and self.tx.rings:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
+import time
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
@@ -12,9 +14,9 @@ from typing import Any
 import pytest
 from planes import admit, enqueue, lease_in_phase
 
-from admission_plane import AdmissionPlane, LiveTurnCompletion, Policy, RequestState
+from admission_plane import AdmissionPlane, LiveTurnCompletion, Policy, RequestState, service
 from admission_plane._doorbell import EVERYONE_STEP, Bell, Chimes, Doorbell, ring
-from admission_plane.service import DOORBELL_FALLBACK_MS, _Wake
+from admission_plane.service import DOORBELL_FALLBACK_MS, _Wake, wall_clock_ms
 
 SQLITE_ONLY = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 ONE_SEAT = Policy(1, 1, 0, 1_800_000, 30_000)
@@ -322,3 +324,84 @@ def test_the_start_interval_wait_ends_at_the_interval(
     assert lease is not None
     assert looks == ["mine", "mine"]
     assert clock.now >= 1_991 + 100, f"admitted only after the interval from the reservation of {first.request_id}"
+
+
+# --- PostgreSQL: notifications counted by a listening thread ----------------------------------------------
+
+POSTGRES_ONLY = pytest.mark.parametrize(
+    "database_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
+)
+
+
+def listening(plane: AdmissionPlane) -> Chimes:
+    """Start the plane's listener and wait (real time, at most 5 s) until it listens; its counters then."""
+    deadline = time.monotonic() + 5
+    while (reading := plane._doorbell.read() if plane._doorbell is not None else None) is None:
+        assert time.monotonic() < deadline, "the PostgreSQL doorbell never started listening"
+        time.sleep(0.005)
+    return reading
+
+
+def next_chimes(plane: AdmissionPlane, before: Chimes) -> Chimes:
+    """Wait (real time, at most 5 s) for the listener to count a notification after ``before``."""
+    deadline = time.monotonic() + 5
+    while chimes(plane) == before:
+        assert time.monotonic() < deadline, "no notification arrived"
+        time.sleep(0.002)
+    time.sleep(0.05)  # let any further notification of the same transaction arrive
+    return chimes(plane)
+
+
+@POSTGRES_ONLY
+def test_postgres_writers_notify_and_a_listening_plane_counts(make_plane: Callable[..., AdmissionPlane]) -> None:
+    """A commit on one plane is counted by another plane's listener: admission QUEUE, completion SEATS and STARTS."""
+    waiter = make_plane()
+    writer = make_plane()
+    before = listening(waiter)
+    enqueue(writer, "r1")
+    lease = admit(writer, 1_001)
+    after_admission = next_chimes(waiter, before)
+    assert moved(before, after_admission) == (1, 0, 0)
+    writer.mark_starting(lease, 1_002)
+    writer.mark_dispatch_intent(lease, 1_003)
+    writer.mark_active(lease, 1_004)
+    writer.complete_live_turn(lease, 1_005, LiveTurnCompletion("completed"))
+    assert moved(after_admission, next_chimes(waiter, after_admission)) == (0, 1, 2)
+
+
+@POSTGRES_ONLY
+def test_postgres_close_stops_the_listener(make_plane: Callable[..., AdmissionPlane]) -> None:
+    """Closing the plane stops its listener thread; the doorbell then reads nothing."""
+    plane = make_plane()
+    listening(plane)
+    doorbell = plane._doorbell
+    plane.close()
+    assert doorbell is not None
+    assert doorbell.read() is None
+    assert doorbell._thread is not None
+    assert not doorbell._thread.is_alive()
+
+
+@POSTGRES_ONLY
+def test_a_postgres_waiter_is_woken_by_a_seat_freed_on_another_plane(
+    make_plane: Callable[..., AdmissionPlane], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiter blocked on a full plane looks again when the notification of the freed seat arrives, not on a
+    timer: two looks in all (the fallback timer is set to a minute here)."""
+    waiter = make_plane(policy=ONE_SEAT)
+    holder = make_plane(policy=ONE_SEAT)
+    held = lease_in_phase(holder, "active", "held", now=500)
+    enqueue(waiter, "mine", agent_id="b", now=wall_clock_ms())  # the waiter's clock is the wall clock
+    listening(waiter)
+    looks = count_looks(waiter, monkeypatch)
+    monkeypatch.setattr(service, "DOORBELL_FALLBACK_MS", 60_000)  # only the notification may wake it
+    result: list[Any] = []
+    thread = threading.Thread(target=lambda: result.append(waiter.wait_for_admission("mine", "me", timeout_ms=20_000)))
+    thread.start()
+    time.sleep(0.3)
+    holder.complete_live_turn(held, wall_clock_ms(), LiveTurnCompletion("completed"))
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert result[0] is not None
+    assert result[0].request_id == "mine"
+    assert len(looks) == 2, "one look before the seat was freed, one after its notification"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -77,6 +78,19 @@ def test_wait_stops_when_the_request_is_no_longer_queued(clocked: tuple[Admissio
     assert plane.get_request("r1").state is RequestState.CANCELLED
 
 
+def wait_for_the_doorbell(plane: AdmissionPlane, before: object) -> None:
+    """Block (real time, at most 5 s) until ``plane``'s doorbell shows a change since ``before``.
+
+    SQLite's doorbell changes with the ring itself; PostgreSQL's counts a notification on a
+    listener thread, a moment after the commit, which a test clock cannot wait for.
+    """
+    doorbell = plane._doorbell
+    deadline = time.monotonic() + 5
+    while doorbell is not None and before is not None and doorbell.read() == before:
+        assert time.monotonic() < deadline, "the doorbell never rang"
+        time.sleep(0.001)
+
+
 def test_wait_never_admits_ahead_of_an_older_request(make_plane: Callable[..., AdmissionPlane]) -> None:
     """While an older request is eligible, a younger request's wait only looks again soon; it never takes the seat."""
     clock = Clock()
@@ -89,13 +103,15 @@ def test_wait_never_admits_ahead_of_an_older_request(make_plane: Callable[..., A
         looks.append(seconds)
         clock.sleep(seconds)
         if len(looks) == 3:
+            before = plane._doorbell.read() if plane._doorbell is not None else None
             assert plane.admit_request("older", clock.now, "owner-a") is not None
+            wait_for_the_doorbell(plane, before)
 
     lease = plane.wait_for_admission("younger", "owner-b", sleep=sleep_and_let_the_older_in)
     assert lease is not None
     assert lease.request_id == "younger"
     assert len(looks) == 3
-    # SQLite: doorbell reads backing off to max_delay_ms; PostgreSQL: looks every BEHIND_DELAY_S.
+    # Doorbell reads back off to max_delay_ms; without a doorbell it looks every BEHIND_DELAY_S.
     assert all(seconds <= 0.004 * 1.5 + 1e-9 for seconds in looks), "behind an older request it looks again soon"
 
 
