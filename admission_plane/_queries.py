@@ -260,10 +260,17 @@ AGENT_HOLDS_SEAT = Statement(
     .limit(1)
 )
 _strictly_ahead = tuple_(R.enqueued_at, R.request_id) < tuple_(P("enqueued_at"), P("request_id"))
-COUNT_IDLE_AGENTS_AHEAD = Statement(
-    select(func.count(R.agent_id.distinct()))
+#: How many requests ahead a waiter's rank looks at: the rank is then a lower bound (the
+#: waiter may look again earlier than needed), and the look's cost does not grow with depth.
+RANK_HORIZON = 64
+_idle_ahead = (
+    select(R.agent_id)
     .where(_queued_with_payload, _not_cooling, ~_busy_agent, _strictly_ahead)
+    .order_by(R.enqueued_at, R.request_id)
+    .limit(RANK_HORIZON)
+    .subquery()
 )
+COUNT_IDLE_AGENTS_AHEAD = Statement(select(func.count(_idle_ahead.c.agent_id.distinct())))
 COOLDOWN_UNTIL = Statement(
     select(C.not_before).where(C.provider == P("provider"), C.model == P("model"), C.not_before > P("now"))
 )

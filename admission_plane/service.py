@@ -416,13 +416,15 @@ class AdmissionPlane:
 
     def admit_request(self, request_id: str, now: int, owner_instance_id: str) -> AdmittedLease | None:
         """Admit ``request_id`` only if the global rule would choose exactly it now; never jumps the queue."""
-        return self._admit_request(request_id, now, owner_instance_id)[0]
+        return self._admit_request(request_id, now, owner_instance_id, plan_wait=False)[0]
 
     def _admit_request(
-        self, request_id: str, now: int, owner_instance_id: str
+        self, request_id: str, now: int, owner_instance_id: str, *, plan_wait: bool = True
     ) -> tuple[AdmittedLease | None, _Wake | None]:
         """:meth:`admit_request`, and when not admitted, what to wait for before looking again
-        (``None``: the request is no longer queued, so there is nothing to wait for)."""
+        (``None``: the request is no longer queued, so there is nothing to wait for). Without
+        ``plan_wait`` the look stops as soon as it knows the answer is "not now", and the
+        returned wake is a plain "look again"."""
         v.identifier(request_id, "admission request ID")
         v.identifier(owner_instance_id, "admission owner instance ID")
         v.timestamp(now, "admission timestamp")
@@ -430,14 +432,14 @@ class AdmissionPlane:
         # rule would admit now, the attempt is a no-op, so waiting connectors look without
         # taking the write lock. The writing transaction re-checks everything, so the look
         # is only an optimisation, never a decision.
-        wake = self._run(lambda tx: self._look(tx, request_id, now), read_only=True)
+        wake = self._run(lambda tx: self._look(tx, request_id, now, plan_wait), read_only=True)
         if not isinstance(wake, _Verdict):
             return None, wake
         lease = self._run(lambda tx: self._admit_in_transaction(tx, now, owner_instance_id, request_id))
         # Lost a race (or something timed out meanwhile): look again after one short step.
         return lease, None if lease is not None else _Wake(at=now)
 
-    def _look(self, tx: Tx, request_id: str, now: int) -> _Wake | _Verdict | None:
+    def _look(self, tx: Tx, request_id: str, now: int, plan_wait: bool = True) -> _Wake | _Verdict | None:
         """``_WRITE`` if an admission attempt may succeed now; else what could change that
         (``None``: the request is not queued any more)."""
         if tx.one(q.ANY_EXPIRED, {"now": now}) is not None:
@@ -446,6 +448,8 @@ class AdmissionPlane:
         if candidate is not None and candidate[0] == request_id:
             block = self._capacity_block(tx, now)
             return _WRITE if block is None else block
+        if not plan_wait:
+            return _Wake()
         entry = tx.one(q.WAITER_ENTRY, {"request_id": request_id})
         if entry is None:
             state = tx.one(q.SELECT_REQUEST_STATE, {"request_id": request_id})

@@ -255,6 +255,9 @@ def compute_ratios() -> dict[str, Any]:
         "depth_admit_request_10000_vs_100": _ratio(
             _get("depth.admit_request.10000.min_us"), _get("depth.admit_request.100.min_us")
         ),
+        "depth_waiting_look_10000_vs_100": _ratio(
+            _get("depth.waiting_look.10000.min_us"), _get("depth.waiting_look.100.min_us")
+        ),
         "depth_admit_request_10000_vs_100_median": _ratio(
             _get("depth.admit_request.10000.median_us"), _get("depth.admit_request.100.median_us")
         ),

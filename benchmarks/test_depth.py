@@ -192,3 +192,31 @@ def test_waiting_admit_request_at_depth(benchmark, queue: _Queue) -> None:
     while len(times) < DEPTH_ROUNDS:
         ask()
     _record("admit_request", queue.depth, times, benchmark)
+
+
+def test_waiting_look_at_depth(benchmark, queue: _Queue) -> None:
+    """``wait_for_admission``'s own look for the last request: besides "not now", it works out what to wait
+    for (the idle agents ahead, counted over at most ``RANK_HORIZON`` requests), so its cost stays flat too."""
+    times: list[float] = []
+    with sqlite3.connect(queue.plane.engine.url.database) as connection:
+        (newest,) = connection.execute(
+            "SELECT request_id FROM turn_requests WHERE state = 'queued' ORDER BY enqueued_at DESC LIMIT 1"
+        ).fetchone()
+    connection.close()
+
+    def look() -> None:
+        queue.now += 1
+        start = time.perf_counter()
+        lease, wake = queue.plane._admit_request(newest, queue.now, queue.owner)
+        times.append(time.perf_counter() - start)
+        assert lease is None
+        assert wake is not None
+        assert wake.queue >= 1
+
+    for _ in range(3):
+        look()
+    times.clear()
+    benchmark.pedantic(look, rounds=DEPTH_ROUNDS, iterations=1)
+    while len(times) < DEPTH_ROUNDS:
+        look()
+    _record("waiting_look", queue.depth, times, benchmark)

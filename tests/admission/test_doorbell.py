@@ -167,9 +167,9 @@ def count_looks(plane: AdmissionPlane, monkeypatch: pytest.MonkeyPatch) -> list[
     looks: list[str] = []
     original = plane._look
 
-    def look(tx: Any, request_id: str, now: int) -> Any:
+    def look(tx: Any, request_id: str, *args: Any) -> Any:
         looks.append(request_id)
-        return original(tx, request_id, now)
+        return original(tx, request_id, *args)
 
     monkeypatch.setattr(plane, "_look", look)
     return looks
