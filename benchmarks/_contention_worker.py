@@ -69,6 +69,60 @@ def _kind(error: BaseException) -> str:
     return f"other:{type(error).__name__}:{error}"
 
 
+class GateTimer:
+    """Times each SQLite writing unit's hold of the writer gate and its ``COMMIT``, by wrapping
+    ``admission_plane.unit_of_work`` in this process only (a few perf_counter calls per unit)."""
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self.held_s = 0.0
+        self.units = 0
+        self.commits: list[float] = []
+        self._since: dict[int, float] = {}
+
+    def install(self) -> None:
+        from admission_plane import unit_of_work
+
+        gate, unit = unit_of_work._WriterGate, unit_of_work.UnitOfWork
+        enter, leave, commit = gate.enter.__func__, gate.leave, unit.commit  # type: ignore[attr-defined]
+        timer = self
+
+        def timed_enter(cls: Any, engine: Any) -> Any:
+            held = enter(cls, engine)
+            if held is not None and timer.enabled:
+                timer._since[id(held)] = time.perf_counter()
+            return held
+
+        def timed_leave(held: Any) -> None:
+            since = timer._since.pop(id(held), None)
+            leave(held)
+            if since is not None:
+                timer.held_s += time.perf_counter() - since
+                timer.units += 1
+
+        def timed_commit(uow: Any) -> None:
+            start = time.perf_counter()
+            commit(uow)
+            if uow._gate is not None and timer.enabled:
+                timer.commits.append(time.perf_counter() - start)
+
+        gate.enter = classmethod(timed_enter)  # type: ignore[method-assign, assignment]
+        gate.leave = timed_leave  # type: ignore[method-assign]
+        unit.commit = timed_commit  # type: ignore[method-assign]
+
+    def figures(self) -> dict[str, float | int]:
+        commits = sorted(self.commits)
+        return {
+            "gate_held_s": self.held_s,
+            "gate_units": self.units,
+            "commit_s": sum(commits),
+            "commit_median_us": commits[len(commits) // 2] * 1e6 if commits else 0.0,
+        }
+
+
+GATE = GateTimer()
+
+
 class Connector:
     """The turn loop of one process."""
 
@@ -152,6 +206,7 @@ class Connector:
 
     def run(self, seconds: float) -> dict[str, Any]:
         """Turns until ``seconds`` have passed, then the turn in flight; the figures of the run."""
+        GATE.enabled = True
         in_window = 0
         cpu_start = time.process_time()
         start = time.monotonic()
@@ -169,6 +224,7 @@ class Connector:
             "elapsed_s": time.monotonic() - start,
             "cpu_s": time.process_time() - cpu_start,
             "errors": dict(self.errors),
+            **GATE.figures(),
         }
 
 
@@ -183,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-poll-ms", type=float, default=4, help="the back-off ceiling")
     parser.add_argument("--policy", required=True, help="JSON list: the five policy integers")
     args = parser.parse_args(argv)
+    GATE.install()
     connector = Connector(args)
     try:
         connector.warm_up()

@@ -57,6 +57,11 @@ def _spawn(path: str | Path, processes: int, hold_ms: int, poll_ms: int) -> list
     ]
 
 
+def _per_unit(reports: list[dict[str, Any]], total: str, units: str) -> float:
+    count = sum(report[units] for report in reports)
+    return sum(report[total] for report in reports) / count * 1e6 if count else 0.0
+
+
 def run_contention(path: str | Path, processes: int, hold_ms: int, poll_ms: int = 1) -> dict[str, Any]:
     """Start ``processes`` workers on ``path`` (SQLite file or database URL), release them together, gather figures."""
     workers = _spawn(path, processes, hold_ms, poll_ms)
@@ -94,6 +99,11 @@ def run_contention(path: str | Path, processes: int, hold_ms: int, poll_ms: int 
         "admission_polls": sum(report["admission_polls"] for report in reports),
         # CPU seconds the workers used (user + system); compare with cores x window.
         "worker_cpu_s": sum(report.get("cpu_s", 0.0) for report in reports),
+        # SQLite: how long writing units held the writer gate, and their COMMITs (0 on PostgreSQL).
+        "gate_units": sum(report["gate_units"] for report in reports),
+        "gate_hold_us_per_unit": _per_unit(reports, "gate_held_s", "gate_units"),
+        "commit_us_per_unit": _per_unit(reports, "commit_s", "gate_units"),
+        "commit_median_us_worker0": reports[0]["commit_median_us"],
         "errors": dict(errors),
         "raw_errors": sum(count for kind, count in errors.items() if kind.startswith(RAW_KINDS)),
         "transaction_faults": errors.get("dispatch:transaction_fault", 0),
