@@ -9,9 +9,12 @@ pytest-benchmark's own statistics, which a disabled run does not produce.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,6 +25,8 @@ from admission_plane.evidence import ProcessIdentity
 from admission_plane.states import EventKind, RequestState
 
 QUICK = os.environ.get("BENCH_QUICK", "").lower() in {"1", "true", "yes"}
+#: The repository root: workers run as ``python -m benchmarks.<module>`` from here.
+REPO = Path(__file__).resolve().parent.parent
 
 ENCRYPTION_KEY = bytes([1]) * 32
 CONTENT_KEY = bytes([2]) * 32
@@ -75,6 +80,46 @@ COMPLETED = LiveTurnCompletion("completed")
 
 #: Figures gathered by the benchmarks of one session, read by the summary hook in conftest.
 RESULTS: dict[str, dict[str, Any]] = {}
+
+
+def run_together(
+    module: str,
+    arguments: list[str],
+    count: int,
+    timeout_s: float,
+    interpreter_options: dict[int, list[str]] | None = None,
+) -> list[dict[str, Any]]:
+    """Start ``count`` worker processes (``python [options] -m <module> <arguments> --index i``)
+    from the repository root, wait until each prints ``ready``, release them together with
+    ``go``, and return each one's last output line as JSON. ``interpreter_options`` maps a
+    worker index to extra interpreter arguments (e.g. ``-m cProfile -o FILE`` for worker 0)."""
+    options = interpreter_options or {}
+    workers = [
+        subprocess.Popen(
+            [sys.executable, *options.get(index, []), "-m", module, *arguments, "--index", str(index)],
+            cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        for index in range(count)
+    ]
+    try:
+        for worker in workers:
+            assert worker.stdout is not None
+            assert worker.stdout.readline().strip() == "ready"
+        for worker in workers:
+            assert worker.stdin is not None
+            worker.stdin.write("go\n")
+            worker.stdin.flush()
+        reports = []
+        for worker in workers:
+            out, _ = worker.communicate(timeout=timeout_s)
+            assert worker.returncode == 0
+            reports.append(json.loads(out.strip().splitlines()[-1]))
+        return reports
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
 
 
 def results_dir() -> Path:

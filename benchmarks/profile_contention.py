@@ -15,12 +15,10 @@ import io
 import json
 import os
 import pstats
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from ._support import CONTENTION_POLICY, migrated
+from ._support import CONTENTION_POLICY, migrated, run_together
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -54,35 +52,25 @@ def main(argv: list[str] | None = None) -> None:
     folder = Path(tempfile.mkdtemp(dir=args.dir or os.environ.get("BENCH_DISK_DIR")))
     database = args.database or str(migrated(folder / "contention.sqlite"))
     profile = folder / "worker0.prof"
-    worker = [
-        "-m", "benchmarks._contention_worker", "--database", database, "--seconds", str(args.seconds),
-        "--hold-ms", str(args.hold_ms), "--poll-ms", str(args.poll_ms),
-        "--policy", json.dumps(list(CONTENTION_POLICY.as_tuple())),
+    arguments = [
+        "--database", database, "--seconds", str(args.seconds), "--hold-ms", str(args.hold_ms),
+        "--poll-ms", str(args.poll_ms), "--policy", json.dumps(list(CONTENTION_POLICY.as_tuple())),
     ]
-    profiler = ["-m", "cProfile", "-o", str(profile)]
-    commands = [
-        [sys.executable, *(profiler if index == 0 else []), *worker, "--index", str(index)]
-        for index in range(args.processes)
-    ]
-    workers = [subprocess.Popen(command, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-               for command in commands]
-    for process in workers:
-        assert process.stdout is not None
-        assert process.stdout.readline().strip() == "ready"
-    for process in workers:
-        assert process.stdin is not None
-        process.stdin.write("go\n")
-        process.stdin.flush()
-    reports = []
-    for process in workers:
-        out, _ = process.communicate(timeout=args.seconds + 120)
-        reports.append(json.loads(out.strip().splitlines()[-1]))
+    reports = run_together(
+        "benchmarks._contention_worker", arguments, args.processes, args.seconds + 120,
+        interpreter_options={0: ["-m", "cProfile", "-o", str(profile)]},
+    )
     total = sum(report["turns_in_window"] for report in reports)
     print(f"P = {args.processes}: {total / args.seconds:.1f} turns/s in the window; "
           f"worker CPU {sum(report['cpu_s'] for report in reports):.2f} s of {os.cpu_count()} cores x {args.seconds} s")
     for report in reports:
         print(f"  worker {report['index']}: {report['turns_in_window']} turns, {report['admission_polls']} polls, "
               f"CPU {report['cpu_s']:.2f} s, errors {report['errors']}")
+    units = sum(report["gate_units"] for report in reports)
+    if units:
+        held = sum(report["gate_held_s"] for report in reports) / units * 1e6
+        commit = sum(report["commit_s"] for report in reports) / units * 1e6
+        print(f"  writer gate: {units} writing units, held {held:.0f} us each, of which COMMIT {commit:.0f} us")
     out = io.StringIO()
     stats = pstats.Stats(str(profile), stream=out)
     wall = stats.total_tt  # type: ignore[attr-defined]

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -38,23 +36,10 @@ from ._support import (
     journal_peaks,
     migrated,
     request_states,
+    run_together,
 )
 
-REPO = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 120
-
-
-def _spawn(path: str | Path, processes: int, hold_ms: int, poll_ms: int) -> list[subprocess.Popen[str]]:
-    command = [
-        sys.executable, "-m", "benchmarks._contention_worker", "--database", os.fspath(path),
-        "--seconds", str(CONTENTION_SECONDS), "--hold-ms", str(hold_ms),
-        "--policy", json.dumps(list(CONTENTION_POLICY.as_tuple())), "--poll-ms", str(poll_ms),
-    ]
-    return [
-        subprocess.Popen([*command, "--index", str(index)], cwd=REPO, stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True)
-        for index in range(processes)
-    ]
 
 
 def _per_unit(reports: list[dict[str, Any]], total: str, units: str) -> float:
@@ -64,25 +49,13 @@ def _per_unit(reports: list[dict[str, Any]], total: str, units: str) -> float:
 
 def run_contention(path: str | Path, processes: int, hold_ms: int, poll_ms: int = 1) -> dict[str, Any]:
     """Start ``processes`` workers on ``path`` (SQLite file or database URL), release them together, gather figures."""
-    workers = _spawn(path, processes, hold_ms, poll_ms)
-    try:
-        for worker in workers:
-            assert worker.stdout is not None
-            assert worker.stdout.readline().strip() == "ready"
-        for worker in workers:
-            assert worker.stdin is not None
-            worker.stdin.write("go\n")
-            worker.stdin.flush()
-        reports = []
-        for worker in workers:
-            out, _ = worker.communicate(timeout=CONTENTION_SECONDS + START_TIMEOUT_S)
-            assert worker.returncode == 0
-            reports.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
+    arguments = [
+        "--database", os.fspath(path), "--seconds", str(CONTENTION_SECONDS), "--hold-ms", str(hold_ms),
+        "--policy", json.dumps(list(CONTENTION_POLICY.as_tuple())), "--poll-ms", str(poll_ms),
+    ]
+    reports = run_together(
+        "benchmarks._contention_worker", arguments, processes, CONTENTION_SECONDS + START_TIMEOUT_S
+    )
     errors: Counter[str] = Counter()
     for report in reports:
         errors.update(report["errors"])

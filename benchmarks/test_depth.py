@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -169,54 +169,53 @@ def test_admit_next_at_depth(benchmark, queue: _Queue) -> None:
     _record("admit_next", queue.depth, times, benchmark)
 
 
-def test_waiting_admit_request_at_depth(benchmark, queue: _Queue) -> None:
-    """A connector whose request is last in the queue is told to wait (``None``) at every depth."""
-    times: list[float] = []
+def _newest_queued(queue: _Queue) -> str:
     with sqlite3.connect(queue.plane.engine.url.database) as connection:
         (newest,) = connection.execute(
             "SELECT request_id FROM turn_requests WHERE state = 'queued' ORDER BY enqueued_at DESC LIMIT 1"
         ).fetchone()
     connection.close()
+    return newest
+
+
+def _time_rounds(benchmark, queue: _Queue, name: str, call: Callable[[], None]) -> None:
+    """Three warm-up calls, then ``DEPTH_ROUNDS`` timed ones (through pytest-benchmark when enabled)."""
+    times: list[float] = []
+
+    def timed() -> None:
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+
+    for _ in range(3):
+        call()
+    benchmark.pedantic(timed, rounds=DEPTH_ROUNDS, iterations=1)
+    while len(times) < DEPTH_ROUNDS:
+        timed()
+    _record(name, queue.depth, times, benchmark)
+
+
+def test_waiting_admit_request_at_depth(benchmark, queue: _Queue) -> None:
+    """A connector whose request is last in the queue is told to wait (``None``) at every depth."""
+    newest = _newest_queued(queue)
 
     def ask() -> None:
         queue.now += 1
-        start = time.perf_counter()
-        lease = queue.plane.admit_request(newest, queue.now, queue.owner)
-        times.append(time.perf_counter() - start)
-        assert lease is None
+        assert queue.plane.admit_request(newest, queue.now, queue.owner) is None
 
-    for _ in range(3):
-        ask()
-    times.clear()
-    benchmark.pedantic(ask, rounds=DEPTH_ROUNDS, iterations=1)
-    while len(times) < DEPTH_ROUNDS:
-        ask()
-    _record("admit_request", queue.depth, times, benchmark)
+    _time_rounds(benchmark, queue, "admit_request", ask)
 
 
 def test_waiting_look_at_depth(benchmark, queue: _Queue) -> None:
     """``wait_for_admission``'s own look for the last request: besides "not now", it works out what to wait
     for (the idle agents ahead, counted over at most ``RANK_HORIZON`` requests), so its cost stays flat too."""
-    times: list[float] = []
-    with sqlite3.connect(queue.plane.engine.url.database) as connection:
-        (newest,) = connection.execute(
-            "SELECT request_id FROM turn_requests WHERE state = 'queued' ORDER BY enqueued_at DESC LIMIT 1"
-        ).fetchone()
-    connection.close()
+    newest = _newest_queued(queue)
 
     def look() -> None:
         queue.now += 1
-        start = time.perf_counter()
         lease, wake = queue.plane._admit_request(newest, queue.now, queue.owner)
-        times.append(time.perf_counter() - start)
         assert lease is None
         assert wake is not None
         assert wake.queue >= 1
 
-    for _ in range(3):
-        look()
-    times.clear()
-    benchmark.pedantic(look, rounds=DEPTH_ROUNDS, iterations=1)
-    while len(times) < DEPTH_ROUNDS:
-        look()
-    _record("waiting_look", queue.depth, times, benchmark)
+    _time_rounds(benchmark, queue, "waiting_look", look)

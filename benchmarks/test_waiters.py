@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +27,9 @@ from ._support import (
     WAITERS_SECONDS,
     migrated,
     open_plane,
+    run_together,
     wall_ms,
 )
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def run_waiters(path: Path, mode: str) -> dict[str, Any]:
@@ -49,33 +46,11 @@ def run_waiters(path: Path, mode: str) -> dict[str, Any]:
             lease = holder.admit_next(now, "holder")
             assert lease is not None
             leases.append(lease)
-        command = [
-            sys.executable, "-m", "benchmarks._waiter", "--database", os.fspath(path), "--seconds",
-            str(WAITERS_SECONDS), "--mode", mode, "--policy", json.dumps(list(WAITERS_POLICY.as_tuple())),
+        arguments = [
+            "--database", os.fspath(path), "--seconds", str(WAITERS_SECONDS), "--mode", mode,
+            "--policy", json.dumps(list(WAITERS_POLICY.as_tuple())),
         ]
-        workers = [
-            subprocess.Popen([*command, "--index", str(index)], cwd=REPO, stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
-            for index in range(WAITERS)
-        ]
-        try:
-            for worker in workers:
-                assert worker.stdout is not None
-                assert worker.stdout.readline().strip() == "ready"
-            for worker in workers:
-                assert worker.stdin is not None
-                worker.stdin.write("go\n")
-                worker.stdin.flush()
-            reports = []
-            for worker in workers:
-                out, _ = worker.communicate(timeout=WAITERS_SECONDS + 120)
-                assert worker.returncode == 0
-                reports.append(json.loads(out.strip().splitlines()[-1]))
-        finally:
-            for worker in workers:
-                if worker.poll() is None:
-                    worker.kill()
-                    worker.wait()
+        reports = run_together("benchmarks._waiter", arguments, WAITERS, WAITERS_SECONDS + 120)
         for lease in leases:
             holder.mark_starting(lease, wall_ms())
             holder.mark_dispatch_intent(lease, wall_ms())

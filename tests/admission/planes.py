@@ -18,6 +18,21 @@ CONTRACT_POLICY = Policy(3, 1, 0, 1_800_000, 30_000)
 SEAT_PHASES = ("admitted", "starting", "dispatch_intent", "dispatch_ambiguous", "active", "recovery_required")
 
 
+class Clock:
+    """A clock the test advances: every sleep moves it forward by the slept time (at least 1 ms)."""
+
+    def __init__(self, now: int = 1_000) -> None:
+        self.now = now
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> int:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += max(1, round(seconds * 1000))
+
+
 def enqueue(plane: AdmissionPlane, request_id: str, agent_id: str = "agent-a", now: int = 1_000, **overrides: Any):
     """``E(id, agent, t)`` of the contract catalogue: enqueue with a payload that outlives the queue timeout."""
     fields: dict[str, Any] = {
@@ -111,6 +126,7 @@ __all__ = [
     "CONTRACT_POLICY",
     "ENCRYPTION_KEY",
     "SEAT_PHASES",
+    "Clock",
     "activate",
     "admit",
     "dispatch_record",

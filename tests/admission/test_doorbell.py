@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from planes import admit, enqueue, lease_in_phase
+from planes import Clock, admit, enqueue, lease_in_phase
 
 from admission_plane import AdmissionPlane, LiveTurnCompletion, Policy, RequestState, service
 from admission_plane._doorbell import EVERYONE_STEP, Bell, Chimes, Doorbell, ring
@@ -145,21 +145,6 @@ def test_a_refused_operation_rings_nothing(plane: AdmissionPlane) -> None:
 
 
 # --- waiting with the doorbell --------------------------------------------------------------------------
-
-
-class Clock:
-    """A clock the test advances: every sleep moves it forward by the slept time (at least 1 ms)."""
-
-    def __init__(self, now: int = 1_000) -> None:
-        self.now = now
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> int:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += max(1, round(seconds * 1000))
 
 
 def count_looks(plane: AdmissionPlane, monkeypatch: pytest.MonkeyPatch) -> list[str]:

@@ -7,23 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from planes import Clock
 
 from admission_plane import AdmissionPlane, InvalidInputError, Policy, RequestState
-
-
-class Clock:
-    """A clock the test advances: every sleep moves it forward by the slept time."""
-
-    def __init__(self, now: int = 1_000) -> None:
-        self.now = now
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> int:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += max(1, round(seconds * 1000))
 
 
 def submit(plane: AdmissionPlane, request_id: str, now: int, agent_id: str = "agent-a") -> None:
