@@ -164,11 +164,14 @@ class ListeningDoorbell:
 
     @classmethod
     def for_engine(cls, engine: Engine) -> ListeningDoorbell:
-        """A doorbell listening through a dedicated (unpooled) connection of ``engine``'s database."""
-        cargs, cparams = engine.dialect.create_connect_args(engine.url)
+        """A doorbell listening through a dedicated connection of ``engine``: taken from its pool
+        (so it is made with the engine's own connect arguments and hooks) and detached from it."""
 
         def connect() -> Any:
-            connection = engine.dialect.loaded_dbapi.connect(*cargs, **cparams)
+            pooled = engine.raw_connection()
+            pooled.detach()
+            connection = pooled.dbapi_connection
+            connection.rollback()  # leave any transaction the pool's ping may have opened
             connection.autocommit = True
             return connection
 

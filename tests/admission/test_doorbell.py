@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dbutil import pg_engine
 from planes import Clock, admit, enqueue, lease_in_phase
+from sqlalchemy import text
 
 from admission_plane import AdmissionPlane, LiveTurnCompletion, Policy, RequestState, service
-from admission_plane._doorbell import EVERYONE_STEP, Bell, Chimes, Doorbell, ring
+from admission_plane._doorbell import CHANNEL, EVERYONE_STEP, Bell, Chimes, Doorbell, ring
 from admission_plane.service import DOORBELL_FALLBACK_MS, _Wake, wall_clock_ms
 
 SQLITE_ONLY = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
@@ -390,3 +392,32 @@ def test_a_postgres_waiter_is_woken_by_a_seat_freed_on_another_plane(
     assert result[0] is not None
     assert result[0].request_id == "mine"
     assert len(looks) == 2, "one look before the seat was freed, one after its notification"
+
+
+@POSTGRES_ONLY
+def test_postgres_listener_reconnects_after_losing_its_connection(
+    make_plane: Callable[..., AdmissionPlane], database_url: str
+) -> None:
+    """The server ends the listener's session: the doorbell reads nothing meanwhile (waiters poll), then the
+    listener reconnects, counts the gap as a change for everyone, and counts notifications again."""
+    waiter = make_plane()
+    writer = make_plane()
+    before = listening(waiter)
+    engine = pg_engine(database_url)
+    with engine.begin() as connection:
+        ended = connection.execute(text(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid() AND query = :listen"
+        ), {"listen": f"LISTEN {CHANNEL}"}).scalar_one()
+    assert ended == 1
+    deadline = time.monotonic() + 15
+    while (reading := chimes_or_none(waiter)) is None or reading.queue - before.queue < EVERYONE_STEP:
+        assert time.monotonic() < deadline, "the listener did not come back"
+        time.sleep(0.02)
+    enqueue(writer, "r1")
+    admit(writer, 1_001)
+    assert moved(reading, next_chimes(waiter, reading)) == (1, 0, 0)
+
+
+def chimes_or_none(plane: AdmissionPlane) -> Chimes | None:
+    return plane._doorbell.read() if plane._doorbell is not None else None
