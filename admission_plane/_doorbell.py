@@ -20,7 +20,7 @@ Changes that may reorder the whole queue (a cooldown set, a durable policy claim
 drain begun or completed) add ``2**32`` to all three, which wakes every waiter.
 
 On PostgreSQL the same counters live in memory, in each plane: a writing transaction
-that changed something sends ``NOTIFY admission_plane_doorbell, '<bells>'`` (delivered
+that changed something sends ``NOTIFY admission_plane_doorbell, 'q,s,t'`` (delivered
 only if it commits, to every listener of the database, on every host), and a daemon
 thread of the waiting plane, on its own connection, listens and counts
 (:class:`ListeningDoorbell`). Until it listens, and while it reconnects, ``read``
@@ -69,36 +69,59 @@ class Bell(enum.IntFlag):
 
 @attrs.frozen
 class Chimes:
-    """The three counters as one waiter read them."""
+    """The three counters as one waiter read them, or what one transaction adds to them."""
 
     queue: int = 0
     seats: int = 0
     starts: int = 0
+
+    @classmethod
+    def of(cls, bells: int) -> Chimes:
+        """What ringing ``bells`` once adds: one per bell, ``EVERYONE_STEP`` to each for ``EVERYONE``."""
+        step = EVERYONE_STEP if bells & Bell.EVERYONE else 0
+        return cls(
+            step + (1 if bells & Bell.QUEUE else 0),
+            step + (1 if bells & Bell.SEATS else 0),
+            step + (1 if bells & Bell.STARTS else 0),
+        )
+
+    def plus(self, other: Chimes) -> Chimes:
+        """Counter by counter, modulo 2**64."""
+        return Chimes(
+            (self.queue + other.queue) & _MASK, (self.seats + other.seats) & _MASK, (self.starts + other.starts) & _MASK
+        )
+
+    def __bool__(self) -> bool:
+        return bool(self.queue or self.seats or self.starts)
+
+    def payload(self) -> str:
+        """The text of a PostgreSQL notification carrying this delta."""
+        return f"{self.queue},{self.seats},{self.starts}"
+
+    @classmethod
+    def from_payload(cls, text: str) -> Chimes:
+        """Parse :meth:`payload`; anything else counts as a change for everyone."""
+        try:
+            queue, seats, starts = (int(part) for part in text.split(","))
+        except ValueError:
+            return cls.of(Bell.EVERYONE)
+        return cls(queue & _MASK, seats & _MASK, starts & _MASK)
 
 
 def _unpack(data: bytes) -> Chimes:
     return Chimes(*_COUNTERS.unpack(data.ljust(_COUNTERS.size, b"\0")[: _COUNTERS.size]))
 
 
-def _advance(current: Chimes, bells: int) -> Chimes:
-    step = EVERYONE_STEP if bells & Bell.EVERYONE else 0
-    return Chimes(
-        (current.queue + step + (1 if bells & Bell.QUEUE else 0)) & _MASK,
-        (current.seats + step + (1 if bells & Bell.SEATS else 0)) & _MASK,
-        (current.starts + step + (1 if bells & Bell.STARTS else 0)) & _MASK,
-    )
-
-
-def ring(fd: int, bells: int) -> None:
-    """Add ``bells`` to the counters in the gate file ``fd``; the caller holds the gate's lock.
+def ring(fd: int, delta: Chimes) -> None:
+    """Add ``delta`` to the counters in the gate file ``fd``; the caller holds the gate's lock.
 
     A failure is swallowed: the transaction has committed already, and waiters fall back to
     their timer.
     """
-    if not bells:
+    if not delta:
         return
     try:
-        after = _advance(_unpack(os.pread(fd, _COUNTERS.size, 0)), bells)
+        after = _unpack(os.pread(fd, _COUNTERS.size, 0)).plus(delta)
         os.pwrite(fd, _COUNTERS.pack(after.queue, after.seats, after.starts), 0)
     except OSError:
         pass
@@ -189,9 +212,9 @@ class ListeningDoorbell:
         with self._lock:
             return self._chimes
 
-    def _count(self, bells: int) -> None:
+    def _count(self, delta: Chimes) -> None:
         with self._lock:
-            self._chimes = _advance(self._chimes, bells)
+            self._chimes = self._chimes.plus(delta)
 
     def _listen(self) -> None:
         while not self._stop.is_set():
@@ -203,14 +226,11 @@ class ListeningDoorbell:
                 continue
             try:
                 connection.execute(f"LISTEN {CHANNEL}")
-                self._count(Bell.EVERYONE)  # anything may have rung while nobody listened
+                self._count(Chimes.of(Bell.EVERYONE))  # anything may have rung while nobody listened
                 self._ready.set()
                 while not self._stop.is_set():
                     for note in connection.notifies(timeout=self.POLL_S):
-                        try:
-                            self._count(int(note.payload))
-                        except ValueError:
-                            self._count(Bell.EVERYONE)
+                        self._count(Chimes.from_payload(note.payload))
             except Exception as error:  # noqa: BLE001 - lost connection: poll until it is back
                 _log.debug("admission doorbell lost its connection: %s", type(error).__name__)
             finally:

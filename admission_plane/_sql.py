@@ -17,6 +17,8 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import Executable
 
+from ._doorbell import Chimes
+
 _SQLITE_NAMED = sqlite.dialect(paramstyle="named")
 
 
@@ -63,13 +65,14 @@ class Tx:
     def __init__(self, dbapi_connection: Any, dialect: Dialect) -> None:
         self.dialect = dialect
         self._cursor: Any = dbapi_connection.cursor()
-        #: What this transaction changed for waiting connectors (``_doorbell.Bell`` flags),
-        #: announced after a successful commit.
-        self.rings = 0
+        #: What this transaction adds to the admission doorbell, announced once it commits.
+        self.rings = Chimes()
 
     def ring(self, bells: int) -> None:
-        """Announce ``bells`` (``_doorbell.Bell`` flags) to waiting connectors once this commits."""
-        self.rings |= bells
+        """Add ``bells`` (:class:`~admission_plane._doorbell.Bell` flags) once more to what this
+        transaction announces to waiting connectors when it commits (two requests timed out
+        in one transaction are two departures)."""
+        self.rings = self.rings.plus(Chimes.of(bells))
 
     def begin(self, sql: str) -> None:
         """Open the transaction explicitly (SQLite: ``BEGIN`` or ``BEGIN IMMEDIATE``)."""

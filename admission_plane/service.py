@@ -503,8 +503,10 @@ class AdmissionPlane:
         :data:`DOORBELL_FALLBACK_MS` have passed. Many waiters therefore cost almost
         nothing, and a freed seat is taken within about ``initial_delay_ms``. While there is
         no doorbell (an in-memory database, a PostgreSQL listener still connecting) it
-        polls the look itself with the same back-off. ``on_wait(now)`` is called after every look that did not
-        admit (e.g. to show the queue position). ``now`` comes from the plane's clock.
+        polls the look itself with the same back-off.
+
+        ``on_wait(now)`` is called after every look that did not admit (e.g. to show the
+        queue position). ``now`` comes from the plane's clock.
         """
         v.identifier(request_id, "admission request ID")
         v.identifier(owner_instance_id, "admission owner instance ID")
@@ -526,7 +528,7 @@ class AdmissionPlane:
             if seen is not None and doorbell is not None:
                 self._await_doorbell(doorbell, seen, wake, now, deadline, initial_delay_ms, max_delay_ms, sleep)
                 continue
-            if not (wake.seats or wake.starts or wake.at is not None):
+            if wake.queue and not (wake.seats or wake.starts or wake.at is not None):
                 # Behind another request: ours may be next, so look again soon.
                 sleep(BEHIND_DELAY_S * (0.5 + random.random()))  # noqa: S311 - jitter, not cryptography
                 continue

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 from sqlalchemy import BigInteger, Engine, bindparam, func, literal, select
 from sqlalchemy.exc import DBAPIError
 
-from ._doorbell import CHANNEL, ring
+from ._doorbell import CHANNEL, Chimes, ring
 from ._sql import Statement, Tx
 from .db import writer_lock_path
 from .errors import AdmissionBusyError, AdmissionDatabaseError
@@ -99,7 +99,7 @@ class UnitOfWork:
         """Make the work durable (``synchronous=FULL`` on SQLite: durable on return)."""
         if self.tx.rings and self._engine.dialect.name == "postgresql":
             # Delivered by the server only if, and when, the transaction commits.
-            self.tx.execute(_NOTIFY_STATEMENT, {"bells": str(self.tx.rings)})
+            self.tx.execute(_NOTIFY_STATEMENT, {"bells": self.tx.rings.payload()})
         self._connection.commit()
         self._committed = True
         if self._gate is not None and self.tx.rings:
@@ -158,9 +158,9 @@ class _WriterGate:
             raise
         return cls(fd)
 
-    def ring(self, bells: int) -> None:
+    def ring(self, delta: Chimes) -> None:
         """Ring the doorbell kept in this file (see :mod:`admission_plane._doorbell`); needs the lock."""
-        ring(self._fd, bells)
+        ring(self._fd, delta)
 
     def leave(self) -> None:
         os.close(self._fd)  # releases the flock

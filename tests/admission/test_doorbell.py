@@ -28,19 +28,19 @@ ONE_SEAT = Policy(1, 1, 0, 1_800_000, 30_000)
 
 
 def test_ring_adds_one_per_bell_and_everyone_adds_to_all_three(tmp_path: Path) -> None:
-    """QUEUE/SEATS/STARTS each add one to their counter; EVERYONE adds 2**32 to all three."""
+    """QUEUE/SEATS/STARTS each add one to their counter per ring; EVERYONE adds 2**32 to all three."""
     path = str(tmp_path / "gate")
     bell = Doorbell.open(path)
     assert bell is not None
     assert bell.read() == Chimes(0, 0, 0), "a new (empty) gate file reads as zeros"
     fd = os.open(path, os.O_RDWR)
     try:
-        ring(fd, Bell.QUEUE)
-        ring(fd, Bell.SEATS | Bell.STARTS)
-        ring(fd, 0)
+        ring(fd, Chimes.of(Bell.QUEUE))
+        ring(fd, Chimes.of(Bell.SEATS | Bell.STARTS))
+        ring(fd, Chimes.of(0))
         assert bell.read() == Chimes(1, 1, 1)
-        ring(fd, Bell.EVERYONE | Bell.QUEUE)
-        assert bell.read() == Chimes(EVERYONE_STEP + 2, EVERYONE_STEP + 1, EVERYONE_STEP + 1)
+        ring(fd, Chimes.of(Bell.EVERYONE | Bell.QUEUE).plus(Chimes.of(Bell.QUEUE)))
+        assert bell.read() == Chimes(EVERYONE_STEP + 3, EVERYONE_STEP + 1, EVERYONE_STEP + 1)
     finally:
         os.close(fd)
         bell.close()
@@ -54,7 +54,7 @@ def test_counters_wrap_around_at_64_bits(tmp_path: Path) -> None:
     path.write_bytes((2**64 - 1).to_bytes(8, "little") * 3)
     fd = os.open(path, os.O_RDWR)
     try:
-        ring(fd, Bell.QUEUE)
+        ring(fd, Chimes.of(Bell.QUEUE))
     finally:
         os.close(fd)
     bell = Doorbell.open(str(path))
@@ -63,6 +63,17 @@ def test_counters_wrap_around_at_64_bits(tmp_path: Path) -> None:
     assert bell.read() == Chimes(0, 2**64 - 1, 2**64 - 1)
     assert _Wake(queue=1).rung(seen, bell.read())  # type: ignore[arg-type]
     bell.close()
+
+
+@pytest.mark.parametrize(
+    ("payload", "delta"),
+    [("1,0,0", Chimes(1, 0, 0)), ("2,1,1", Chimes(2, 1, 1)), ("", Chimes.of(Bell.EVERYONE)),
+     ("1,2", Chimes.of(Bell.EVERYONE)), ("x,0,0", Chimes.of(Bell.EVERYONE))],
+)
+def test_a_notification_payload_is_a_delta_and_garbage_wakes_everyone(payload: str, delta: Chimes) -> None:
+    """PostgreSQL payloads carry the three increments; one that does not parse counts as a change for everyone."""
+    assert Chimes.from_payload(payload) == delta
+    assert Chimes.from_payload(delta.payload()) == delta
 
 
 def test_no_doorbell_without_a_file() -> None:
@@ -126,14 +137,16 @@ def test_each_operation_rings_what_it_changed_for_waiters(plane: AdmissionPlane)
 
 
 @SQLITE_ONLY
-def test_a_queue_timeout_rings_queue(make_plane: Callable[..., AdmissionPlane]) -> None:
-    """Requests timed out by an admission look's writer count as departures."""
+def test_queue_timeouts_ring_queue_once_per_request(make_plane: Callable[..., AdmissionPlane]) -> None:
+    """Each request timed out by an admission's transaction counts as one departure, even in one transaction."""
     plane = make_plane(policy=Policy(1, 1, 0, 1_000, 30_000))
     enqueue(plane, "old", now=1_000, expires_at=10_000)
+    enqueue(plane, "older", agent_id="b", now=999, expires_at=10_000)
     before = chimes(plane)
-    assert plane.admit_next(5_000, "owner") is None  # "old" timed out at 2 000, nothing else queued
+    assert plane.admit_next(5_000, "owner") is None  # both timed out at about 2 000, nothing else queued
     assert plane.get_request("old").state is RequestState.QUEUE_TIMEOUT
-    assert moved(before, chimes(plane)) == (1, 0, 0)
+    assert plane.get_request("older").state is RequestState.QUEUE_TIMEOUT
+    assert moved(before, chimes(plane)) == (2, 0, 0)
 
 
 @SQLITE_ONLY
