@@ -491,6 +491,7 @@ class AdmissionPlane:
         max_delay_ms: float = 4.0,
         sleep: Callable[[float], object] = time.sleep,
         on_wait: Callable[[int], object] | None = None,
+        fallback_ms: int = DOORBELL_FALLBACK_MS,
     ) -> AdmittedLease | None:
         """Wait until ``request_id`` is admitted; ``None`` on timeout or once the request is no
         longer queued (timed out, cancelled, settled).
@@ -500,10 +501,11 @@ class AdmissionPlane:
         ``initial_delay_ms`` backing off to ``max_delay_ms`` (with jitter), and looks again
         when a request ahead of it left the queue, a seat or start slot it waits for was
         freed, a time it computed (end of a cooldown or of the start interval) has come, or
-        :data:`DOORBELL_FALLBACK_MS` have passed. Many waiters therefore cost almost
-        nothing, and a freed seat is taken within about ``initial_delay_ms``. While there is
-        no doorbell (an in-memory database, a PostgreSQL listener still connecting) it
-        polls the look itself with the same back-off.
+        ``fallback_ms`` (default :data:`DOORBELL_FALLBACK_MS`, 250) have passed: lower it if
+        programs that do not ring (the original connector) free seats on the same database.
+        Many waiters therefore cost almost nothing, and a freed seat is taken within about
+        ``initial_delay_ms``. While there is no doorbell (an in-memory database, a
+        PostgreSQL listener still connecting) it polls the look itself with the same back-off.
 
         ``on_wait(now)`` is called after every look that did not admit (e.g. to show the
         queue position). ``now`` comes from the plane's clock.
@@ -512,6 +514,7 @@ class AdmissionPlane:
         v.identifier(owner_instance_id, "admission owner instance ID")
         if timeout_ms is not None:
             v.timestamp(timeout_ms, "admission wait timeout")
+        v.positive_integer(fallback_ms, "admission wait fallback")
         deadline = None if timeout_ms is None else self._clock() + timeout_ms
         doorbell = self._doorbell
         delay = initial_delay_ms / 1000
@@ -526,7 +529,8 @@ class AdmissionPlane:
             if on_wait is not None:
                 on_wait(now)
             if seen is not None and doorbell is not None:
-                self._await_doorbell(doorbell, seen, wake, now, deadline, initial_delay_ms, max_delay_ms, sleep)
+                limit = min(moment for moment in (now + fallback_ms, wake.at, deadline) if moment is not None)
+                self._await_doorbell(doorbell, seen, wake, limit, initial_delay_ms, max_delay_ms, sleep)
                 continue
             if wake.queue and not (wake.seats or wake.starts or wake.at is not None):
                 # Behind another request: ours may be next, so look again soon.
@@ -540,17 +544,12 @@ class AdmissionPlane:
         doorbell: Doorbell | ListeningDoorbell,
         seen: Chimes,
         wake: _Wake,
-        now: int,
-        deadline: int | None,
+        limit: int,
         initial_delay_ms: float,
         max_delay_ms: float,
         sleep: Callable[[float], object],
     ) -> None:
-        """Sleep until ``wake`` is rung past ``seen``, or its time, the fallback or ``deadline`` comes."""
-        limit = now + DOORBELL_FALLBACK_MS
-        for moment in (wake.at, deadline):
-            if moment is not None:
-                limit = min(limit, moment)
+        """Sleep until ``wake`` is rung past ``seen`` or the plane's clock reaches ``limit``."""
         step = initial_delay_ms / 1000
         while True:
             sleep(step * (0.5 + random.random()))  # noqa: S311 - jitter, not cryptography

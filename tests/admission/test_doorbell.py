@@ -16,7 +16,7 @@ from dbutil import pg_engine
 from planes import Clock, admit, enqueue, lease_in_phase
 from sqlalchemy import text
 
-from admission_plane import AdmissionPlane, LiveTurnCompletion, Policy, RequestState, service
+from admission_plane import AdmissionPlane, InvalidInputError, LiveTurnCompletion, Policy, RequestState
 from admission_plane._doorbell import CHANNEL, EVERYONE_STEP, Bell, Chimes, Doorbell, ring
 from admission_plane.service import DOORBELL_FALLBACK_MS, _Wake, wall_clock_ms
 
@@ -256,6 +256,25 @@ def test_a_seat_freed_by_a_writer_that_does_not_ring_is_found_by_the_fallback(
 
 
 @SQLITE_ONLY
+def test_the_fallback_is_configurable_and_must_be_positive(
+    make_plane: Callable[..., AdmissionPlane], database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``fallback_ms`` shortens the unrung wait; zero or a non-integer is invalid input."""
+    clock = Clock()
+    plane = make_plane(policy=ONE_SEAT, clock=clock)
+    lease_in_phase(make_plane(policy=ONE_SEAT), "active", "held", now=500)
+    enqueue(plane, "mine", agent_id="b", now=900)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(InvalidInputError, match="fallback"):
+            plane.wait_for_admission("mine", "me", sleep=clock.sleep, fallback_ms=bad)  # type: ignore[arg-type]
+    looks = count_looks(plane, monkeypatch)
+    start = clock.now
+    assert plane.wait_for_admission("mine", "me", sleep=clock.sleep, fallback_ms=20, timeout_ms=100) is None
+    assert clock.now - start >= 100
+    assert 5 <= len(looks) <= 7, "a look about every 20 ms of the 100 ms wait"
+
+
+@SQLITE_ONLY
 def test_a_waiter_whose_model_cools_down_looks_again_when_the_cooldown_ends(
     make_plane: Callable[..., AdmissionPlane], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -394,9 +413,12 @@ def test_a_postgres_waiter_is_woken_by_a_seat_freed_on_another_plane(
     enqueue(waiter, "mine", agent_id="b", now=wall_clock_ms())  # the waiter's clock is the wall clock
     listening(waiter)
     looks = count_looks(waiter, monkeypatch)
-    monkeypatch.setattr(service, "DOORBELL_FALLBACK_MS", 60_000)  # only the notification may wake it
     result: list[Any] = []
-    thread = threading.Thread(target=lambda: result.append(waiter.wait_for_admission("mine", "me", timeout_ms=20_000)))
+
+    def wait() -> None:  # a fallback of a minute: only the notification may wake it
+        result.append(waiter.wait_for_admission("mine", "me", timeout_ms=20_000, fallback_ms=60_000))
+
+    thread = threading.Thread(target=wait)
     thread.start()
     time.sleep(0.3)
     holder.complete_live_turn(held, wall_clock_ms(), LiveTurnCompletion("completed"))
