@@ -17,7 +17,7 @@ from dbutil import query, scalar
 from journal_replay import read_journal, replay
 from workers import MODELS, PROVIDER, WorkerProcess, kill_child_group, spawn_child_group, wall_ms
 
-from admission_plane import AdmissionPlane, AdmittedLease, Policy
+from admission_plane import AdmissionPlane, AdmittedLease, LiveTurnCompletion, Policy
 from admission_plane.evidence import capture
 from admission_plane.states import EventKind
 
@@ -213,3 +213,33 @@ def test_a_dispatch_intent_racing_a_writer_that_holds_the_lock_sees_the_winner_n
     intents = [e for e in read_journal(plane) if e.kind == EventKind.REQUEST_DISPATCH_INTENT]
     assert len(intents) == 2
     assert len({e.correlation_hmac for e in intents}) == 2
+
+
+def test_waiting_processes_are_admitted_oldest_first_once_the_seat_frees(
+    make_plane: Callable[..., AdmissionPlane], database_url: str, spawn: Callable[..., WorkerProcess]
+) -> None:
+    """Four connector processes wait (``wait_for_admission``, doorbell-driven) behind one held seat, enqueued in
+    turn: once the seat is freed, each is admitted in enqueue order and completes, none timing out."""
+    plane = make_plane(policy=Policy(*ONE_SEAT))
+    now = wall_ms()
+    plane.enqueue_with_payload(
+        request_id="held", session_id="s", agent_id="holder", fingerprint="f", provider=PROVIDER,
+        model=MODELS[0], now=now, plaintext="x", expires_at=now + 1_800_001,
+    )
+    held = plane.admit_next(now, "holder")
+    assert held is not None
+    waiters = []
+    for index in range(4):
+        waiters.append(spawn("wait", database_url, f"q{index}", json.dumps(ONE_SEAT)))
+        assert waiters[-1].read()["event"] == "ready"
+    plane.mark_starting(held, wall_ms())
+    plane.mark_dispatch_intent(held, wall_ms())
+    plane.mark_active(held, wall_ms())
+    plane.complete_live_turn(held, wall_ms(), LiveTurnCompletion("completed"))
+    outcomes = [waiter.finish() for waiter in waiters]
+    assert [outcome["admitted"] for outcome in outcomes] == [True] * 4
+    names = {plane._correlation(name): name for name in ("held", "q0", "q1", "q2", "q3")}
+    journal = list(read_journal(plane))
+    admitted = [names[event.correlation_hmac] for event in journal if event.kind == EventKind.REQUEST_ADMITTED]
+    assert admitted == ["held", "q0", "q1", "q2", "q3"]
+    assert replay(journal).max_seat_holders == 1

@@ -14,6 +14,8 @@ speaks one JSON object per line on stdout. Roles:
     Drives one turn to ``phase`` with a real child process group, prints ``ready``, then waits to be killed.
 ``queued <db> <request-id> <policy-json>``
     Enqueues one turn with a payload, prints ``ready``, then waits to be killed.
+``wait <db> <request-id> <policy-json>``
+    Enqueues one turn, prints ``ready``, waits for it with ``wait_for_admission``, completes it, prints ``done``.
 ``admit-request <db> <policy-json>``
     For each stdin line ``{"request_id": ..., "now": N}`` calls ``admit_request`` and prints the lease.
 ``dispatch <db> <hold-ms> <policy-json>``
@@ -380,6 +382,23 @@ def run_queued(database: str, request_id: str, policy_json: str) -> None:
         time.sleep(60)
 
 
+def run_wait(database: str, request_id: str, policy_json: str) -> None:
+    """Enqueue one turn, print ``ready``, wait for its admission, run it to completion, print the outcome."""
+    plane = open_plane(database, policy_json)
+    try:
+        plane.enqueue_with_payload(**turn_fields(request_id, f"agent-{request_id}", MODELS[0]))
+        emit({"event": "ready", "request_id": request_id})
+        lease = plane.wait_for_admission(request_id, plane.owner_identity.owner_instance_id, timeout_ms=60_000)
+        if lease is not None:
+            plane.mark_starting(lease, wall_ms())
+            plane.mark_dispatch_intent(lease, wall_ms())
+            plane.mark_active(lease, wall_ms())
+            plane.complete_live_turn(lease, wall_ms(), LiveTurnCompletion("completed"))
+        emit({"event": "done", "request_id": request_id, "admitted": lease is not None})
+    finally:
+        plane.close()
+
+
 # --- contention ------------------------------------------------------------------------------------
 
 
@@ -581,6 +600,7 @@ ROLES: dict[str, Callable[..., None]] = {
     "reaper": run_reaper,
     "crash-at": run_crash_at,
     "queued": run_queued,
+    "wait": run_wait,
     "admit-request": run_admit_request,
     "dispatch": run_dispatch,
 }
