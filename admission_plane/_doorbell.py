@@ -91,6 +91,14 @@ class Chimes:
             (self.queue + other.queue) & _MASK, (self.seats + other.seats) & _MASK, (self.starts + other.starts) & _MASK
         )
 
+    def since(self, earlier: Chimes) -> Chimes:
+        """How far each counter moved from ``earlier`` to here, modulo 2**64."""
+        return Chimes(
+            (self.queue - earlier.queue) & _MASK,
+            (self.seats - earlier.seats) & _MASK,
+            (self.starts - earlier.starts) & _MASK,
+        )
+
     def __bool__(self) -> bool:
         return bool(self.queue or self.seats or self.starts)
 

@@ -94,23 +94,25 @@ _CONNECTOR_KEYS = ("ownerInstanceId", "createdAt", *_PROCESS_KEYS)
 _Validator = Callable[[object, Any, object], None]
 
 
-def _positive_int(label: str, maximum: int) -> _Validator:
+def _int_in_range(label: str, minimum: int, maximum: int) -> _Validator:
+    kind = "positive" if minimum == 1 else "non-negative"
+
     def check(_instance: object, _attribute: attrs.Attribute[Any], value: object) -> None:
-        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= maximum:
-            raise InvalidInputError(f"{label} must be a positive safe integer")
+        if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= maximum:
+            raise InvalidInputError(f"{label} must be a {kind} safe integer")
 
     return check
+
+
+def _positive_int(label: str, maximum: int) -> _Validator:
+    return _int_in_range(label, 1, maximum)
 
 
 def _process_id_or_zero(label: str) -> _Validator:
     # The kernel reports 0 for a parent, group or session that lives outside the
     # process's pid namespace (a container's pid 1, or any process whose session leader
     # is on the host side). That is real evidence, not a malformed record.
-    def check(_instance: object, _attribute: attrs.Attribute[Any], value: object) -> None:
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_PID:
-            raise InvalidInputError(f"{label} must be a non-negative safe integer")
-
-    return check
+    return _int_in_range(label, 0, MAX_PID)
 
 
 def _check_boot_id(_instance: object, _attribute: attrs.Attribute[Any], value: object) -> None:

@@ -446,7 +446,7 @@ class AdmissionPlane:
             return _WRITE
         candidate = self._select_candidate(tx, now)
         if candidate is not None and candidate[0] == request_id:
-            block = self._capacity_block(tx, now)
+            block = self._capacity_block(tx, now, plan_wait=plan_wait)
             return _WRITE if block is None else block
         if not plan_wait:
             return _Wake()
@@ -1097,9 +1097,11 @@ class AdmissionPlane:
                 tx.execute(q.DELETE_PAYLOAD, {"request_id": request_id})
                 self._journal(tx, K.REQUEST_QUEUE_TIMED_OUT, request_id, S.QUEUED, S.QUEUE_TIMEOUT, now)
 
-    def _capacity_block(self, tx: Tx, now: int) -> _Wake | None:
+    def _capacity_block(self, tx: Tx, now: int, *, plan_wait: bool = False) -> _Wake | None:
         """``None`` if a seat may be taken now (seats, concurrent starts, the minimum start
-        interval and the recent-reservation rule); else what could free one."""
+        interval and the recent-reservation rule); else what could free one. Only with
+        ``plan_wait`` does it look up when the start interval ends (two more statements that
+        the admission transaction itself has no use for)."""
         policy_row = tx.one(q.SELECT_POLICY)
         seats = self.policy.max_active_turns
         if policy_row is not None:
@@ -1116,6 +1118,8 @@ class AdmissionPlane:
         cutoff = {"cutoff": now - interval}
         if tx.one(q.RECENT_START, cutoff) is None and tx.one(q.RECENT_RESERVATION, cutoff) is None:
             return None
+        if not plan_wait:
+            return _Wake(queue=1, starts=True)
         latest = max(tx.scalar(q.LATEST_START) or 0, tx.scalar(q.LATEST_RESERVATION) or 0)
         return _Wake(queue=1, starts=True, at=max(now + 1, latest + interval))
 
@@ -1367,15 +1371,12 @@ class _Wake:
 
     def rung(self, seen: Chimes, current: Chimes) -> bool:
         """Whether the counters moved from ``seen`` to ``current`` in a way this waiter cares about."""
-        mask = (1 << 64) - 1
-        queue = (current.queue - seen.queue) & mask
-        seats = (current.seats - seen.seats) & mask
-        starts = (current.starts - seen.starts) & mask
+        moved = current.since(seen)
         return (
-            min(queue, seats, starts) >= EVERYONE_STEP
-            or (self.queue > 0 and queue >= self.queue)
-            or (self.seats and seats > 0)
-            or (self.starts and starts > 0)
+            min(moved.queue, moved.seats, moved.starts) >= EVERYONE_STEP
+            or (self.queue > 0 and moved.queue >= self.queue)
+            or (self.seats and moved.seats > 0)
+            or (self.starts and moved.starts > 0)
         )
 
 

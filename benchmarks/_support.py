@@ -122,6 +122,21 @@ def run_together(
                 worker.wait()
 
 
+def own_seconds(stats: Any, needle: str) -> float:
+    """Own (``tottime``) seconds of every profiled function whose name contains ``needle``."""
+    return sum(
+        tottime for (_file, _line, name), (_cc, _nc, tottime, _ct, _callers) in stats.stats.items()
+        if needle in name
+    )
+
+
+def print_profile(stats: Any, out: Any, top: int) -> None:
+    """The ``top`` functions by cumulative and by own time, then everything written to ``out``."""
+    stats.sort_stats("cumulative").print_stats(top)
+    stats.sort_stats("tottime").print_stats(top)
+    print(out.getvalue())
+
+
 def results_dir() -> Path:
     """Where ``ratios.json`` goes (``BENCH_RESULTS_DIR``, default ``bench-results``)."""
     return Path(os.environ.get("BENCH_RESULTS_DIR", "bench-results"))

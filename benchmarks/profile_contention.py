@@ -18,16 +18,9 @@ import pstats
 import tempfile
 from pathlib import Path
 
-from ._support import CONTENTION_POLICY, migrated, run_together
+from ._support import CONTENTION_POLICY, migrated, own_seconds, print_profile, run_together
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _own(stats: pstats.Stats, needle: str) -> float:
-    return sum(
-        tottime for (_file, _line, name), (_cc, _nc, tottime, _ct, _callers) in stats.stats.items()  # type: ignore[attr-defined]
-        if needle in name
-    )
 
 
 def _sleep_by_caller(stats: pstats.Stats) -> dict[str, float]:
@@ -75,8 +68,8 @@ def main(argv: list[str] | None = None) -> None:
     stats = pstats.Stats(str(profile), stream=out)
     wall = stats.total_tt  # type: ignore[attr-defined]
     sleeps = _sleep_by_caller(stats)
-    execute = sum(_own(stats, f"method '{name}' of") for name in ("execute", "fetchone", "fetchall"))
-    commit = _own(stats, "method 'commit' of")
+    execute = sum(own_seconds(stats, f"method '{name}' of") for name in ("execute", "fetchone", "fetchall"))
+    commit = own_seconds(stats, "method 'commit' of")
     slept = sum(sleeps.values())
     print(f"worker 0 under cProfile: {wall:.2f} s wall in the profile (warm-up and window)")
     for caller, seconds in sorted(sleeps.items(), key=lambda item: -item[1]):
@@ -85,9 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  driver execute/fetch: {execute:.2f} s ({execute / wall:.0%}); "
           f"commit: {commit:.2f} s ({commit / wall:.0%}); "
           f"the rest (Python, and waiting for a CPU): {rest:.2f} s ({rest / wall:.0%})")
-    stats.sort_stats("cumulative").print_stats(args.top)
-    stats.sort_stats("tottime").print_stats(args.top)
-    print(out.getvalue())
+    print_profile(stats, out, args.top)
 
 
 if __name__ == "__main__":

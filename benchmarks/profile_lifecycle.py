@@ -18,15 +18,7 @@ from pathlib import Path
 
 from admission_plane.evidence import capture
 
-from ._support import TurnDriver, migrated, open_plane
-
-
-def _driver_seconds(stats: pstats.Stats, needle: str) -> float:
-    total = 0.0
-    for (_file, _line, name), (_cc, _nc, tottime, _ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
-        if needle in name:
-            total += tottime
-    return total
+from ._support import TurnDriver, migrated, open_plane, own_seconds, print_profile
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -50,15 +42,13 @@ def main(argv: list[str] | None = None) -> None:
     out = io.StringIO()
     stats = pstats.Stats(profiler, stream=out)
     total = stats.total_tt  # type: ignore[attr-defined]
-    execute = _driver_seconds(stats, "method 'execute' of 'sqlite3.Cursor'")
-    commit = _driver_seconds(stats, "method 'commit' of 'sqlite3.Connection'")
+    execute = own_seconds(stats, "method 'execute' of 'sqlite3.Cursor'")
+    commit = own_seconds(stats, "method 'commit' of 'sqlite3.Connection'")
     print(f"{args.turns} turns in {total:.3f} s profiled ({args.turns / total:.0f} turns/s under the profiler)")
     print(f"sqlite3 Cursor.execute: {execute:.3f} s ({execute / total:.0%}); "
           f"Connection.commit: {commit:.3f} s ({commit / total:.0%}); "
           f"everything else (Python): {total - execute - commit:.3f} s ({(total - execute - commit) / total:.0%})")
-    stats.sort_stats("cumulative").print_stats(args.top)
-    stats.sort_stats("tottime").print_stats(args.top)
-    print(out.getvalue())
+    print_profile(stats, out, args.top)
 
 
 if __name__ == "__main__":

@@ -89,19 +89,25 @@ def run_contention(path: str | Path, processes: int, hold_ms: int, poll_ms: int 
 )
 def test_contention(benchmark, disk_dir: Path, processes: int, hold_ms: int, poll_ms: int) -> None:
     """P processes share one file: every turn ends, and seats never exceed the policy."""
-    path = migrated(disk_dir / "contention.sqlite")
+    _measure(benchmark, "contention", migrated(disk_dir / "contention.sqlite"), processes, hold_ms, poll_ms)
+
+
+def _measure(
+    benchmark, key: str, target: str | Path, processes: int, hold_ms: int, poll_ms: int
+) -> None:
+    """One contention case on ``target``, timed once, recorded under ``RESULTS[key]`` and checked."""
     figures: dict[str, Any] = {}
 
     def run() -> None:
-        figures.update(run_contention(path, processes, hold_ms, poll_ms))
+        figures.update(run_contention(target, processes, hold_ms, poll_ms))
 
     started = time.perf_counter()
     benchmark.pedantic(run, rounds=1, iterations=1)
     figures["wall_s"] = time.perf_counter() - started
     benchmark.extra_info.update(figures)
     variant = f"hold{hold_ms}" if poll_ms == 1 else f"hold{hold_ms}-poll{poll_ms}"
-    RESULTS.setdefault("contention", {}).setdefault(variant, {})[f"P{processes}"] = figures
-    _check(path, figures)
+    RESULTS.setdefault(key, {}).setdefault(variant, {})[f"P{processes}"] = figures
+    _check(target, figures)
 
 
 def _check(target: str | Path, figures: dict[str, Any]) -> None:
@@ -122,15 +128,4 @@ def _check(target: str | Path, figures: dict[str, Any]) -> None:
 )
 def test_contention_postgres(benchmark, postgres_url: str, processes: int, hold_ms: int, poll_ms: int) -> None:
     """The same workers on PostgreSQL: every turn ends, and seats never exceed the policy."""
-    figures: dict[str, Any] = {}
-
-    def run() -> None:
-        figures.update(run_contention(postgres_url, processes, hold_ms, poll_ms))
-
-    started = time.perf_counter()
-    benchmark.pedantic(run, rounds=1, iterations=1)
-    figures["wall_s"] = time.perf_counter() - started
-    benchmark.extra_info.update(figures)
-    variant = f"hold{hold_ms}" if poll_ms == 1 else f"hold{hold_ms}-poll{poll_ms}"
-    RESULTS.setdefault("contention_pg", {}).setdefault(variant, {})[f"P{processes}"] = figures
-    _check(postgres_url, figures)
+    _measure(benchmark, "contention_pg", postgres_url, processes, hold_ms, poll_ms)

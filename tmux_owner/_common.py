@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, TypeVar
 
 import attrs
 
@@ -371,3 +371,16 @@ def as_invalid_record(what: str) -> _RefusalsAsInvalidRecord:
     ``from_json`` turns a refused field into one error naming the record.
     """
     return _RefusalsAsInvalidRecord(what)
+
+
+_Record = TypeVar("_Record")
+
+
+def record_with_exact_keys(record: Callable[..., _Record], value: object, keys: Iterable[str]) -> _Record:
+    """``record(**value)`` for a JSON object with exactly ``keys``; anything else, or a refused
+    field, is ``InvalidRecordError`` naming the record."""
+    name = getattr(record, "__name__", "record")
+    if not is_record(value) or not has_exact_keys(value, keys):
+        raise InvalidRecordError(name)
+    with as_invalid_record(name):
+        return record(**value)

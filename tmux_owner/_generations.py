@@ -27,6 +27,7 @@ from ._common import (
     is_schema_one,
     iso_now,
     js_number,
+    record_with_exact_keys,
     require,
     validate_canonical_timestamp,
     validate_non_empty,
@@ -59,10 +60,7 @@ class GenerationRecord:
     @classmethod
     def from_json(cls, value: object) -> Self:
         """Accept exactly the seed's four-key generation record."""
-        if not is_record(value) or not has_exact_keys(value, GENERATION_KEYS):
-            raise InvalidRecordError(cls.__name__)
-        with as_invalid_record(cls.__name__):
-            return cls(**value)
+        return record_with_exact_keys(cls, value, GENERATION_KEYS)
 
     def to_json(self) -> dict[str, Any]:
         """The record in the seed's key order."""

@@ -14,7 +14,6 @@ from ._common import (
     SCHEMA_VERSION,
     InvalidRecordError,
     as_invalid_record,
-    has_exact_keys,
     has_only_keys,
     is_record,
     is_safe_integer,
@@ -23,6 +22,7 @@ from ._common import (
     js_number,
     non_empty,
     parse_timestamp_ms,
+    record_with_exact_keys,
     require,
     validate_canonical_timestamp,
     validate_non_empty,
@@ -285,10 +285,7 @@ class OwnerIncident:
     @classmethod
     def from_json(cls, value: object) -> Self:
         """Accept exactly the six incident keys with valid values."""
-        if not is_record(value) or not has_exact_keys(value, cls._KEYS):
-            raise InvalidRecordError(cls.__name__)
-        with as_invalid_record(cls.__name__):
-            return cls(**value)
+        return record_with_exact_keys(cls, value, cls._KEYS)
 
     def to_json(self) -> dict[str, Any]:
         """The incident in the seed's key order."""

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import closing, contextmanager
 from functools import cache
 from typing import Any
 
+import pytest
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import make_url
 
@@ -188,7 +189,17 @@ def exactly(message: str) -> str:
     return f"^{re.escape(message)}$"
 
 
+
+def cases_with_sqlite_only(names: Iterable[str], sqlite_only: Mapping[str, str]) -> list[Any]:
+    """Parametrize values ``names``, marking those in ``sqlite_only`` (name -> reason) ``sqlite_only``."""
+    return [
+        pytest.param(name, marks=pytest.mark.sqlite_only(sqlite_only[name])) if name in sqlite_only else name
+        for name in names
+    ]
+
+
 __all__ = [
+    "cases_with_sqlite_only",
     "clear_journal_fault",
     "columns",
     "count",

@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 import pytest
-from dbutil import exactly, execute
+from dbutil import cases_with_sqlite_only, exactly, execute
 from fake_proc import OWNER_B, connector
 from planes import activate, admit, dispatch_record, enqueue, lease_in_phase
 
@@ -153,12 +153,7 @@ SQLITE_ONLY_CORRUPTIONS = {
 
 @pytest.mark.parametrize(
     "corruption",
-    [
-        pytest.param(name, marks=pytest.mark.sqlite_only(SQLITE_ONLY_CORRUPTIONS[name]))
-        if name in SQLITE_ONLY_CORRUPTIONS
-        else name
-        for name in CORRUPTIONS
-    ],
+    cases_with_sqlite_only(CORRUPTIONS, SQLITE_ONLY_CORRUPTIONS),
 )
 def test_corrupt_durable_row_fails_the_whole_listing(
     plane: AdmissionPlane, database_url: str, corruption: str

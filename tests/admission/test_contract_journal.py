@@ -7,7 +7,7 @@ import hashlib
 
 import attrs
 import pytest
-from dbutil import count, exactly, execute, query, table_dump
+from dbutil import cases_with_sqlite_only, count, exactly, execute, query, table_dump
 from planes import admit, enqueue
 from sqlalchemy import text
 
@@ -183,12 +183,7 @@ SQLITE_ONLY_TAMPERING = {
 
 @pytest.mark.parametrize(
     "case",
-    [
-        pytest.param(name, marks=pytest.mark.sqlite_only(SQLITE_ONLY_TAMPERING[name]))
-        if name in SQLITE_ONLY_TAMPERING
-        else name
-        for name in TAMPERING
-    ],
+    cases_with_sqlite_only(TAMPERING, SQLITE_ONLY_TAMPERING),
 )
 def test_a_tampered_row_fails_the_whole_read(plane: AdmissionPlane, database_url: str, case: str) -> None:
     """AC-86: a row with a bad kind, state, transition, HMAC, timestamp or sequence makes the read raise."""

@@ -68,14 +68,20 @@ def test_payload_row_holds_only_ciphertext_of_the_plaintext_length(plane: Admiss
     assert ciphertext != SENTINEL.encode()
 
 
-@pytest.mark.sqlite_only("reads the bytes of the database, -wal and -shm files")
-def test_plaintext_and_metadata_appear_in_no_database_file(make_plane: PlaneFactory, database_url: str) -> None:
-    """AC-19/AC-24: prompt bytes, metadata strings and raw key bytes are absent from the DB, WAL and SHM files."""
+def admitted_sentinel(make_plane: PlaneFactory) -> tuple[AdmissionPlane, bytes, bytes]:
+    """A plane with fresh random keys whose sentinel prompt is queued and admitted; the plane and both keys."""
     encryption_key, content_key = os.urandom(32), os.urandom(32)
     plane = make_plane(encryption_key=encryption_key, content_fingerprint_key=content_key)
     plane.enqueue_with_payload(request_id="SENTINEL-REQUEST-4b6e", **META, now=0, plaintext=SENTINEL,
                                expires_at=10_000)
     admit(plane, 1)
+    return plane, encryption_key, content_key
+
+
+@pytest.mark.sqlite_only("reads the bytes of the database, -wal and -shm files")
+def test_plaintext_and_metadata_appear_in_no_database_file(make_plane: PlaneFactory, database_url: str) -> None:
+    """AC-19/AC-24: prompt bytes, metadata strings and raw key bytes are absent from the DB, WAL and SHM files."""
+    plane, encryption_key, content_key = admitted_sentinel(make_plane)
     assert plane.read_payload("SENTINEL-REQUEST-4b6e", 2) == SENTINEL
     files = database_files(database_url)
     assert "-wal" in files
@@ -85,11 +91,7 @@ def test_plaintext_and_metadata_appear_in_no_database_file(make_plane: PlaneFact
 
 def test_no_stored_value_holds_the_prompt_or_a_key(make_plane: PlaneFactory, database_url: str) -> None:
     """AC-19/AC-24: no column of any table holds the prompt bytes or either raw key, on any dialect."""
-    encryption_key, content_key = os.urandom(32), os.urandom(32)
-    plane = make_plane(encryption_key=encryption_key, content_fingerprint_key=content_key)
-    plane.enqueue_with_payload(request_id="SENTINEL-REQUEST-4b6e", **META, now=0, plaintext=SENTINEL,
-                               expires_at=10_000)
-    admit(plane, 1)
+    _plane, encryption_key, content_key = admitted_sentinel(make_plane)
     stored = [
         value.encode() if isinstance(value, str) else value
         for rows in table_dump(database_url).values()
