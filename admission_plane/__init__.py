@@ -3,51 +3,121 @@
 At most N turns in flight across every process (and, with PostgreSQL, every machine);
 fair, oldest-first admission; never a replayed turn; prompts sealed at rest; an
 identifier-free audit journal. See the README for a tour.
+
+The names below are loaded on first use, so importing a leaf such as
+:mod:`admission_plane.evidence` or :mod:`admission_plane.errors` does not load the
+database layer, the service or the turn API.
 """
 
-from .errors import (
-    AdmissionBusyError,
-    AdmissionConflictError,
-    AdmissionDatabaseError,
-    AdmissionError,
-    AdmissionMigrationError,
-    AdmissionRuntimeError,
-    AdmissionStateError,
-    InvalidInputError,
-    LeaseFenceError,
-    MissingKeyError,
-    PayloadConflictError,
-    PayloadExpiredError,
-    PayloadIntegrityError,
-    ProcessEvidenceError,
-    ProcessGoneError,
-    ProcessUnverifiableError,
-    RecoverableDispatchInventoryError,
-    SchemaIntegrityError,
-    UnknownLeaseError,
-    UnknownRequestError,
-)
-from .evidence import ConnectorIdentity, GroupResidue, Observation, ProcessIdentity
-from .policy import Policy
-from .service import AdmissionPlane, FaultInjection
-from .states import EventKind, FailureCategory, PromptChannel, RequestState, SuspectReason
-from .turn import Backoff, DispatchRefusedError, Turn, TurnNotAdmittedError, run_turn, spawn_child, turn
-from .values import (
-    AdmittedLease,
-    DispatchIntentResult,
-    DispatchProcessIdentity,
-    DispatchRecord,
-    EnqueueResult,
-    LeaseFence,
-    LiveTurnCompletion,
-    LiveTurnFailure,
-    QueueSnapshot,
-    ReaperSummary,
-    RecoverableDispatch,
-    RecoverableQueuedOwner,
-    SanitizedEvent,
-    StoredRequest,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .clock import wall_clock_ms
+    from .errors import (
+        AdmissionBusyError,
+        AdmissionConflictError,
+        AdmissionDatabaseError,
+        AdmissionError,
+        AdmissionMigrationError,
+        AdmissionRuntimeError,
+        AdmissionStateError,
+        InvalidInputError,
+        LeaseFenceError,
+        MissingKeyError,
+        PayloadConflictError,
+        PayloadExpiredError,
+        PayloadIntegrityError,
+        ProcessEvidenceError,
+        ProcessGoneError,
+        ProcessUnverifiableError,
+        RecoverableDispatchInventoryError,
+        SchemaIntegrityError,
+        UnknownLeaseError,
+        UnknownRequestError,
+    )
+    from .evidence import ConnectorIdentity, GroupResidue, Observation, ProcessIdentity
+    from .plane import AdmissionPlane
+    from .policy import Policy
+    from .service import AdmissionService, FaultInjection
+    from .states import EventKind, FailureCategory, PromptChannel, RequestState, SuspectReason
+    from .turns import Backoff, DispatchRefusedError, Turn, TurnNotAdmittedError, run_turn, spawn_child, turn
+    from .values import (
+        AdmittedLease,
+        DispatchIntentResult,
+        DispatchProcessIdentity,
+        DispatchRecord,
+        EnqueueResult,
+        LeaseFence,
+        LiveTurnCompletion,
+        LiveTurnFailure,
+        QueueSnapshot,
+        ReaperSummary,
+        RecoverableDispatch,
+        RecoverableQueuedOwner,
+        SanitizedEvent,
+        StoredRequest,
+    )
+
+#: Where each public name is defined.
+_HOMES: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "AdmissionBusyError",
+            "AdmissionConflictError",
+            "AdmissionDatabaseError",
+            "AdmissionError",
+            "AdmissionMigrationError",
+            "AdmissionRuntimeError",
+            "AdmissionStateError",
+            "InvalidInputError",
+            "LeaseFenceError",
+            "MissingKeyError",
+            "PayloadConflictError",
+            "PayloadExpiredError",
+            "PayloadIntegrityError",
+            "ProcessEvidenceError",
+            "ProcessGoneError",
+            "ProcessUnverifiableError",
+            "RecoverableDispatchInventoryError",
+            "SchemaIntegrityError",
+            "UnknownLeaseError",
+            "UnknownRequestError",
+        ),
+        "errors",
+    ),
+    **dict.fromkeys(("ConnectorIdentity", "GroupResidue", "Observation", "ProcessIdentity"), "evidence"),
+    **dict.fromkeys(("EventKind", "FailureCategory", "PromptChannel", "RequestState", "SuspectReason"), "states"),
+    **dict.fromkeys(
+        ("Backoff", "DispatchRefusedError", "Turn", "TurnNotAdmittedError", "run_turn", "spawn_child", "turn"), "turns"
+    ),
+    **dict.fromkeys(
+        (
+            "AdmittedLease",
+            "DispatchIntentResult",
+            "DispatchProcessIdentity",
+            "DispatchRecord",
+            "EnqueueResult",
+            "LeaseFence",
+            "LiveTurnCompletion",
+            "LiveTurnFailure",
+            "QueueSnapshot",
+            "ReaperSummary",
+            "RecoverableDispatch",
+            "RecoverableQueuedOwner",
+            "SanitizedEvent",
+            "StoredRequest",
+        ),
+        "values",
+    ),
+    "AdmissionPlane": "plane",
+    "AdmissionService": "service",
+    "FaultInjection": "service",
+    "Policy": "policy",
+    "wall_clock_ms": "clock",
+}
 
 __all__ = [
     "AdmissionBusyError",
@@ -57,6 +127,7 @@ __all__ = [
     "AdmissionMigrationError",
     "AdmissionPlane",
     "AdmissionRuntimeError",
+    "AdmissionService",
     "AdmissionStateError",
     "AdmittedLease",
     "Backoff",
@@ -103,4 +174,18 @@ __all__ = [
     "run_turn",
     "spawn_child",
     "turn",
+    "wall_clock_ms",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, TypeGuard
 
 from .errors import InvalidInputError
 
@@ -12,7 +12,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _UUID_V4 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 
 
-def is_safe_integer(value: Any) -> bool:
+def is_safe_integer(value: object) -> TypeGuard[int]:
     """``Number.isSafeInteger`` for Python values: an ``int`` (never a ``bool``) within +-(2**53 - 1)."""
     return isinstance(value, int) and not isinstance(value, bool) and -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER
 
@@ -56,9 +56,14 @@ def metadata_text(value: Any, label: str) -> str:
     return value
 
 
+def is_owner_instance_id(value: object) -> TypeGuard[str]:
+    """A canonical lowercase UUID v4 (how every connector names its owner instance)."""
+    return isinstance(value, str) and _UUID_V4.fullmatch(value) is not None
+
+
 def owner_instance_id(value: Any) -> str:
     """A canonical lowercase UUID v4 (owner ids in process records and queued owners)."""
-    if not isinstance(value, str) or _UUID_V4.fullmatch(value) is None:
+    if not is_owner_instance_id(value):
         raise InvalidInputError("process record owner instance ID must be a canonical UUID v4")
     return value
 

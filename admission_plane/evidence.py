@@ -17,7 +17,6 @@ import calendar
 import enum
 import os
 import re
-import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -42,6 +41,8 @@ from admission_plane._proc import (
     read_process_ids,
     read_stat,
 )
+from admission_plane._validate import is_owner_instance_id
+from admission_plane.clock import wall_clock_ms
 from admission_plane.errors import InvalidInputError, ProcessGoneError, ProcessUnverifiableError
 
 __all__ = [
@@ -84,7 +85,6 @@ class GroupResidue(enum.StrEnum):
     UNVERIFIABLE = "unverifiable"
 
 
-_OWNER_INSTANCE_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 _CREATED_AT = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})\.[0-9]{3}Z")
 _START_TIME_TICKS = re.compile(r"[1-9][0-9]{0,19}")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -126,7 +126,7 @@ def _check_start_time_ticks(_instance: object, _attribute: attrs.Attribute[Any],
 
 
 def _check_owner_instance_id(_instance: object, _attribute: object, value: object) -> None:
-    if not isinstance(value, str) or not _OWNER_INSTANCE_ID.fullmatch(value):
+    if not is_owner_instance_id(value):
         raise InvalidInputError("process record owner instance ID must be a canonical UUID v4")
 
 
@@ -255,7 +255,7 @@ class ConnectorIdentity:
         process = capture(os.getpid() if pid is None else pid, LIVE_READERS if readers is None else readers)
         return cls(
             owner_instance_id=str(uuid.uuid4()) if owner_instance_id is None else owner_instance_id,
-            created_at=format_created_at(time.time_ns() // 1_000_000 if now is None else now),
+            created_at=format_created_at(wall_clock_ms() if now is None else now),
             process=process,
         )
 

@@ -17,7 +17,6 @@ head`` from the project root (``-x url=...``, else ``ADMISSION_PLANE_DATABASE_UR
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,10 +32,11 @@ from alembic.util import CommandError
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import NullPool
 
-from .db import SQLITE_BEGIN_OPTION, create_admission_engine
+from .clock import wall_clock_ms
 from .errors import AdmissionMigrationError
-from .model import ADMISSION_TABLES
-from .schema_check import LEDGER
+from .store.engine import DATABASE_URL_VARIABLE, create_admission_engine, deferred
+from .store.model import ADMISSION_TABLES
+from .store.schema_spec import EXPECTED_REVISION, LEDGER
 
 __all__ = [
     "HEAD_REVISION",
@@ -56,14 +56,14 @@ __all__ = [
     "upgrade",
 ]
 
-#: The newest revision of the history shipped with this package.
-HEAD_REVISION = "0005_queue_deadline_index"
+#: The newest revision of the history shipped with this package (the one the service layer requires).
+HEAD_REVISION = EXPECTED_REVISION
 #: The seed's ledger: ``(version, name)`` of every schema version it knows.
 SEED_LEDGER: tuple[tuple[int, str], ...] = LEDGER
 #: The Alembic revision that writes each ledger version.
 SEED_REVISIONS: Mapping[int, str] = {1: "0001_seed_v1", 2: "0002_seed_v2", 3: "0003_seed_v3"}
 LEDGER_TABLE = "schema_migrations"
-URL_ENVIRONMENT_VARIABLE = "ADMISSION_PLANE_DATABASE_URL"
+URL_ENVIRONMENT_VARIABLE = DATABASE_URL_VARIABLE
 MIN_SQLITE_VERSION = (3, 25, 0)
 MIN_SQLITE_DROP_COLUMN_VERSION = (3, 35, 0)
 #: The seed's wording for any failure inside a migration step (also used for v3 steps).
@@ -126,7 +126,7 @@ def _connection_for(target: DatabaseTarget, *, read_only: bool = False) -> Itera
     engine = target if isinstance(target, Engine) else create_admission_engine(target, poolclass=NullPool)
     try:
         with engine.connect() as connection:
-            yield connection.execution_options(**{SQLITE_BEGIN_OPTION: "DEFERRED"}) if read_only else connection
+            yield deferred(connection) if read_only else connection
     finally:
         if engine is not target:
             engine.dispose()
@@ -261,7 +261,7 @@ def record_ledger(connection: Connection, version: int) -> None:
     name = dict(SEED_LEDGER)[version]
     connection.execute(
         sa.text(f"INSERT INTO {LEDGER_TABLE} (version, name, applied_at) VALUES (:version, :name, :applied_at)"),
-        {"version": version, "name": name, "applied_at": time.time_ns() // 1_000_000},
+        {"version": version, "name": name, "applied_at": wall_clock_ms()},
     )
 
 

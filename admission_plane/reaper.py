@@ -14,16 +14,23 @@ proof of death.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from . import _validate as v
 from .errors import AdmissionError
-from .evidence import LIVE_READERS, GroupResidue, Observation, inspect_process_group, observe, read_process_ids
+from .evidence import (
+    LIVE_READERS,
+    GroupResidue,
+    Observation,
+    ProcReaders,
+    inspect_process_group,
+    observe,
+    read_process_ids,
+)
+from .service import AdmissionService
 from .states import SuspectReason
 from .values import ReaperSummary
-
-if TYPE_CHECKING:
-    from .service import AdmissionPlane
 
 HEARTBEAT_STALE_MS = 4_000
 _GONE = frozenset({Observation.GONE, Observation.PID_REUSED})
@@ -34,14 +41,15 @@ def is_heartbeat_stale(heartbeat_at: int, now: int) -> bool:
     return now - heartbeat_at > HEARTBEAT_STALE_MS
 
 
-def reap(plane: AdmissionPlane, now: int, readers: Any = None) -> ReaperSummary:
+def reap(plane: AdmissionService, now: int, readers: ProcReaders | None = None) -> ReaperSummary:
     """One pass over queued owners and seat-holding leases; see the module docstring.
 
     Raises :class:`~admission_plane.errors.RecoverableDispatchInventoryError` if the
     inventory itself cannot be trusted; otherwise a failure on one lease retains it.
     """
     v.timestamp(now, "runtime reaper timestamp")
-    readers = LIVE_READERS if readers is None else readers
+    if readers is None:
+        readers = LIVE_READERS
     process_ids = read_process_ids(readers)
     counts = {"released": 0, "retained": 0, "marked_recovery_required": 0, "suspected": 0, "queued_settled": 0}
 
@@ -89,12 +97,12 @@ def reap(plane: AdmissionPlane, now: int, readers: Any = None) -> ReaperSummary:
     return ReaperSummary(inspected=len(dispatches), **counts)
 
 
-def _is_local(plane: AdmissionPlane, host_id: str | None) -> bool:
+def _is_local(plane: AdmissionService, host_id: str | None) -> bool:
     """Evidence recorded by this host (or before host ids were recorded, by a single-host connector)."""
     return host_id is None or host_id == plane.host_id
 
 
-def _try(operation: Any, *args: Any) -> bool:
+def _try(operation: Callable[..., object], *args: Any) -> bool:
     """Run one fenced operation: whether it took effect (it fails, or ``mark_suspect`` returns
     ``False``, when a concurrent owner moved the lease)."""
     try:

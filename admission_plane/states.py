@@ -1,17 +1,23 @@
-"""Request states, lease phases, and the journal's transition allowlist, as data.
+"""Request states, lease phases and the one table of every transition between them.
 
-A request and its lease move together: the lease's ``phase`` mirrors the request's
-``state`` while a seat is held. :data:`EVENT_TRANSITIONS` is the complete set of
-``(kind, from_state, to_state)`` triples the journal accepts, on write and on read.
+A request and its lease move together: while a seat is held the lease's ``phase`` equals
+the request's ``state``. :data:`TRANSITIONS` lists every edge the plane writes (and the
+few more a journal written by the original connector may hold); every phase set below is
+derived from it, and :func:`admission_plane.service._transitions.change` is the one
+function that applies an edge. No other module spells a phase.
 """
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Iterable
 from enum import StrEnum
+
+import attrs
 
 
 class RequestState(StrEnum):
-    """Every state a turn request can be in (the seed's 12)."""
+    """Every state a turn request can be in (the original's twelve)."""
 
     QUEUED = "queued"
     ADMITTED = "admitted"
@@ -25,31 +31,6 @@ class RequestState(StrEnum):
     CANCELLED = "cancelled"
     QUEUE_TIMEOUT = "queue_timeout"
     RECOVERY_REQUIRED = "recovery_required"
-
-
-S = RequestState
-
-#: Phases that hold a seat: only deleting the lease frees it.
-SEAT_PHASES: frozenset[RequestState] = frozenset(
-    {S.ADMITTED, S.STARTING, S.DISPATCH_INTENT, S.DISPATCH_AMBIGUOUS, S.ACTIVE, S.RECOVERY_REQUIRED}
-)
-#: Phases inside the start window (admission is held back while these reach ``max_concurrent_starts``).
-START_WINDOW_PHASES: frozenset[RequestState] = frozenset({S.ADMITTED, S.STARTING, S.DISPATCH_INTENT})
-#: Phases counted by ``mark_starting`` against ``max_concurrent_starts``.
-STARTING_PHASES: frozenset[RequestState] = frozenset({S.STARTING, S.DISPATCH_INTENT})
-#: Phases from which the connector may still prove no prompt was written.
-ABANDONABLE_PHASES: frozenset[RequestState] = frozenset({S.ADMITTED, S.STARTING, S.DISPATCH_INTENT})
-#: Phases that may enter execution recovery (a dispatch may have happened).
-EXECUTION_RECOVERY_PHASES: frozenset[RequestState] = frozenset(
-    {S.STARTING, S.DISPATCH_INTENT, S.DISPATCH_AMBIGUOUS, S.ACTIVE}
-)
-#: Terminal request states: never left again.
-TERMINAL_STATES: frozenset[RequestState] = frozenset(
-    {S.COMPLETED, S.FAILED, S.CANCELLED, S.QUEUE_TIMEOUT, S.RECOVERY_REQUIRED}
-)
-#: Outcomes a live turn or a pre-prompt abandonment may end with.
-LIVE_OUTCOMES: frozenset[RequestState] = frozenset({S.COMPLETED, S.FAILED, S.CANCELLED})
-ABANDON_OUTCOMES: frozenset[RequestState] = frozenset({S.FAILED, S.CANCELLED})
 
 
 class EventKind(StrEnum):
@@ -72,48 +53,191 @@ class EventKind(StrEnum):
     POLICY_DRAIN_COMPLETED = "policy_drain_completed"
 
 
-K = EventKind
+class DrainState(StrEnum):
+    """The durable policy's drain state, as the ``policy_state`` row stores it."""
+
+    STEADY = "steady"
+    SOFT_DRAINING_TO_1 = "soft_draining_to_1"
+
+    @property
+    def journal_token(self) -> str:
+        """How the journal spells this state (``policy_steady``, ``policy_soft_draining_to_1``)."""
+        return f"policy_{self.value}"
+
+
+#: The journal's source state of an enqueue (the request did not exist).
 ABSENT = "absent"
-POLICY_STEADY = "policy_steady"
-POLICY_SOFT_DRAINING_TO_1 = "policy_soft_draining_to_1"
-#: The correlation id of the drain-completion event.
+#: The correlation input of policy events (they concern no request).
 POLICY_EVENT_ID = "policy-state"
 
-#: Every state token the journal may hold.
-EVENT_STATES: frozenset[str] = frozenset({*RequestState, ABSENT, POLICY_STEADY, POLICY_SOFT_DRAINING_TO_1})
 
-EVENT_TRANSITIONS: frozenset[tuple[str, str, str]] = frozenset(
-    {
-        (K.REQUEST_ENQUEUED, ABSENT, S.QUEUED),
-        (K.REQUEST_CANCELLED, S.QUEUED, S.CANCELLED),
-        (K.QUEUED_OWNER_DEAD, S.QUEUED, S.CANCELLED),
-        *((K.REQUEST_ABANDONED, phase, outcome) for phase in ABANDONABLE_PHASES for outcome in ABANDON_OUTCOMES),
-        (K.REQUEST_QUEUE_TIMED_OUT, S.QUEUED, S.QUEUE_TIMEOUT),
-        (K.REQUEST_ADMITTED, S.QUEUED, S.ADMITTED),
-        (K.REQUEST_STARTING, S.ADMITTED, S.STARTING),
-        (K.REQUEST_DISPATCH_INTENT, S.STARTING, S.DISPATCH_INTENT),
-        (K.REQUEST_ACTIVE, S.DISPATCH_INTENT, S.ACTIVE),
-        (K.REQUEST_DISPATCH_AMBIGUOUS, S.DISPATCH_INTENT, S.DISPATCH_AMBIGUOUS),
-        (K.REQUEST_PROVIDER_TERMINAL, S.ACTIVE, S.PROVIDER_TERMINAL),
-        *((K.REQUEST_RELEASED, S.PROVIDER_TERMINAL, outcome) for outcome in LIVE_OUTCOMES),
-        *((K.REQUEST_RECOVERY_REQUIRED, phase, S.RECOVERY_REQUIRED) for phase in SEAT_PHASES),
-        *((K.REQUEST_RECOVERY_SEAT_RELEASED, phase, S.RECOVERY_REQUIRED) for phase in SEAT_PHASES),
-        (K.POLICY_DRAIN_COMPLETED, POLICY_SOFT_DRAINING_TO_1, POLICY_STEADY),
-    }
+class LeaseEffect(enum.Enum):
+    """What an edge does to the request's lease row."""
+
+    NONE = "the request has no lease"
+    CREATE = "inserts the lease (takes a seat and a start slot)"
+    MOVE = "sets the lease's phase to the target"
+    KEEP = "leaves the lease as it is; only the request's state changes"
+    DELETE = "deletes the lease, which frees its seat"
+
+
+class Capacity(enum.Flag):
+    """What an edge gives back to admission."""
+
+    NOTHING = 0
+    SEAT = enum.auto()
+    START_SLOT = enum.auto()
+
+
+@attrs.frozen
+class Transition:
+    """One edge of the state machine.
+
+    ``written=False`` marks an edge this library never writes but accepts when it reads a
+    journal written by the original connector.
+    """
+
+    event: EventKind
+    source: str
+    target: str
+    lease: LeaseEffect
+    frees: Capacity = Capacity.NOTHING
+    written: bool = True
+
+
+def _edges(
+    event: EventKind,
+    sources: Iterable[str],
+    targets: Iterable[str],
+    lease: LeaseEffect,
+    frees: Capacity = Capacity.NOTHING,
+    *,
+    written: bool = True,
+) -> tuple[Transition, ...]:
+    return tuple(Transition(event, s, t, lease, frees, written) for s in sources for t in targets)
+
+
+S, K, L, C = RequestState, EventKind, LeaseEffect, Capacity
+_NOT_STARTED = (S.ADMITTED, S.STARTING, S.DISPATCH_INTENT)
+_STARTED = (S.DISPATCH_AMBIGUOUS, S.ACTIVE)
+
+#: Every edge, as (event, from, to, lease effect, what it frees). The rows read as the lifecycle:
+#: enqueue, leave the queue, take a seat, start, dispatch, and the ways a seat is given back.
+TRANSITIONS: tuple[Transition, ...] = (
+    *_edges(K.REQUEST_ENQUEUED, [ABSENT], [S.QUEUED], L.NONE),
+    *_edges(K.REQUEST_CANCELLED, [S.QUEUED], [S.CANCELLED], L.NONE),
+    *_edges(K.QUEUED_OWNER_DEAD, [S.QUEUED], [S.CANCELLED], L.NONE),
+    *_edges(K.REQUEST_QUEUE_TIMED_OUT, [S.QUEUED], [S.QUEUE_TIMEOUT], L.NONE),
+    *_edges(K.REQUEST_ADMITTED, [S.QUEUED], [S.ADMITTED], L.CREATE),
+    *_edges(K.REQUEST_STARTING, [S.ADMITTED], [S.STARTING], L.MOVE),
+    *_edges(K.REQUEST_DISPATCH_INTENT, [S.STARTING], [S.DISPATCH_INTENT], L.MOVE),
+    *_edges(K.REQUEST_ACTIVE, [S.DISPATCH_INTENT], [S.ACTIVE], L.MOVE, C.START_SLOT),
+    *_edges(K.REQUEST_DISPATCH_AMBIGUOUS, [S.DISPATCH_INTENT], [S.DISPATCH_AMBIGUOUS], L.MOVE, C.START_SLOT),
+    *_edges(K.REQUEST_ABANDONED, _NOT_STARTED, [S.FAILED, S.CANCELLED], L.DELETE, C.SEAT | C.START_SLOT),
+    *_edges(K.REQUEST_RECOVERY_REQUIRED, [S.STARTING, S.DISPATCH_INTENT], [S.RECOVERY_REQUIRED], L.MOVE, C.START_SLOT),
+    *_edges(K.REQUEST_RECOVERY_REQUIRED, _STARTED, [S.RECOVERY_REQUIRED], L.MOVE),
+    *_edges(K.REQUEST_RECOVERY_REQUIRED, [S.ADMITTED], [S.RECOVERY_REQUIRED], L.MOVE, C.START_SLOT, written=False),
+    *_edges(K.REQUEST_RECOVERY_REQUIRED, [S.RECOVERY_REQUIRED], [S.RECOVERY_REQUIRED], L.MOVE, written=False),
+    *_edges(K.REQUEST_PROVIDER_TERMINAL, [S.ACTIVE], [S.PROVIDER_TERMINAL], L.KEEP),
+    *_edges(K.REQUEST_RELEASED, [S.PROVIDER_TERMINAL], [S.COMPLETED, S.FAILED, S.CANCELLED], L.DELETE, C.SEAT),
+    *_edges(K.REQUEST_RECOVERY_SEAT_RELEASED, _NOT_STARTED, [S.RECOVERY_REQUIRED], L.DELETE, C.SEAT | C.START_SLOT),
+    *_edges(
+        K.REQUEST_RECOVERY_SEAT_RELEASED, [*_STARTED, S.RECOVERY_REQUIRED], [S.RECOVERY_REQUIRED], L.DELETE, C.SEAT
+    ),
+    *_edges(
+        K.POLICY_DRAIN_COMPLETED,
+        [DrainState.SOFT_DRAINING_TO_1.journal_token],
+        [DrainState.STEADY.journal_token],
+        L.NONE,
+    ),
 )
 
-#: The lease state machine of the generic transition path: (from, to) -> event kind.
-LEASE_TRANSITIONS: dict[tuple[RequestState, RequestState], EventKind] = {
-    (S.ADMITTED, S.STARTING): K.REQUEST_STARTING,
-    (S.STARTING, S.DISPATCH_INTENT): K.REQUEST_DISPATCH_INTENT,
-    (S.DISPATCH_INTENT, S.ACTIVE): K.REQUEST_ACTIVE,
-    (S.DISPATCH_INTENT, S.DISPATCH_AMBIGUOUS): K.REQUEST_DISPATCH_AMBIGUOUS,
-}
+_BY_EDGE: dict[tuple[str, str, str], Transition] = {(t.event, t.source, t.target): t for t in TRANSITIONS}
+
+
+def _targets(*effects: LeaseEffect) -> frozenset[RequestState]:
+    return frozenset(S(t.target) for t in TRANSITIONS if t.lease in effects)
+
+
+def _sources(event: EventKind) -> frozenset[RequestState]:
+    return frozenset(S(t.source) for t in TRANSITIONS if t.event is event and t.written)
+
+
+def _outcomes(event: EventKind) -> frozenset[RequestState]:
+    return frozenset(S(t.target) for t in TRANSITIONS if t.event is event)
+
+
+def _start_window() -> frozenset[RequestState]:
+    """Phases that occupy a start slot: from where a lease is created, along moves that keep it."""
+    window = set(_targets(LeaseEffect.CREATE))
+    grew = True
+    while grew:
+        grew = False
+        for t in TRANSITIONS:
+            keeps = t.lease is LeaseEffect.MOVE and Capacity.START_SLOT not in t.frees
+            if keeps and t.source in window and t.target not in window:
+                window.add(S(t.target))
+                grew = True
+    return frozenset(window)
+
+
+def _terminal() -> frozenset[RequestState]:
+    """States never left again (a seat held in one may still be released, staying in it)."""
+    leaving = {t.source for t in TRANSITIONS if t.source != t.target}
+    return frozenset(state for state in RequestState if state not in leaving)
+
+
+#: Phases a lease can be in; every lease holds a seat until it is deleted.
+SEAT_PHASES: frozenset[RequestState] = _targets(LeaseEffect.CREATE, LeaseEffect.MOVE)
+#: Phases inside the start window (admission is held back while these reach ``max_concurrent_starts``).
+START_WINDOW_PHASES: frozenset[RequestState] = _start_window()
+#: Start-window phases after ``mark_starting`` (what it counts against ``max_concurrent_starts``).
+STARTING_PHASES: frozenset[RequestState] = START_WINDOW_PHASES - _targets(LeaseEffect.CREATE)
+#: Start-window phases before the dispatch intent: no process evidence may exist yet.
+BEFORE_DISPATCH_PHASES: frozenset[RequestState] = START_WINDOW_PHASES - _outcomes(EventKind.REQUEST_DISPATCH_INTENT)
+#: Phases from which the connector may still prove no prompt was written.
+ABANDONABLE_PHASES: frozenset[RequestState] = _sources(EventKind.REQUEST_ABANDONED)
+#: Phases that may enter execution recovery (a dispatch may have happened).
+EXECUTION_RECOVERY_PHASES: frozenset[RequestState] = _sources(EventKind.REQUEST_RECOVERY_REQUIRED)
+#: Phases whose seat the reaper may release once every process is proved gone.
+RELEASABLE_PHASES: frozenset[RequestState] = _sources(EventKind.REQUEST_RECOVERY_SEAT_RELEASED)
+#: Terminal request states: never left again.
+TERMINAL_STATES: frozenset[RequestState] = _terminal()
+#: Outcomes a live turn or a pre-prompt abandonment may end with.
+LIVE_OUTCOMES: frozenset[RequestState] = _outcomes(EventKind.REQUEST_RELEASED)
+ABANDON_OUTCOMES: frozenset[RequestState] = _outcomes(EventKind.REQUEST_ABANDONED)
+#: Once the prompt may have been written (``active``), and on every terminal path, the payload is deleted.
+PAYLOAD_DELETED_STATES: frozenset[RequestState] = TERMINAL_STATES | {RequestState.ACTIVE}
+
+#: Every ``(kind, from_state, to_state)`` triple the journal accepts, on write and on read.
+EVENT_TRANSITIONS: frozenset[tuple[str, str, str]] = frozenset(_BY_EDGE)
+#: Every state token the journal may hold.
+EVENT_STATES: frozenset[str] = frozenset(state for t in TRANSITIONS for state in (t.source, t.target))
+
+
+def transition(event: str, source: str, target: str) -> Transition | None:
+    """The edge ``source -> target`` journalled as ``event``, or ``None`` if the table has none."""
+    return _BY_EDGE.get((event, source, target))
 
 
 def is_allowed_transition(kind: str, from_state: str, to_state: str) -> bool:
     """Whether the journal accepts this ``(kind, from, to)`` triple."""
-    return (kind, from_state, to_state) in EVENT_TRANSITIONS
+    return (kind, from_state, to_state) in _BY_EDGE
+
+
+def _check_table() -> None:
+    """The table's own consistency; a broken edit fails at import, not in production."""
+    for t in TRANSITIONS:
+        if (t.lease is LeaseEffect.DELETE) != (Capacity.SEAT in t.frees):
+            raise AssertionError(f"{t}: exactly the edges that delete the lease free its seat")
+        if Capacity.START_SLOT in t.frees and t.source not in START_WINDOW_PHASES:
+            raise AssertionError(f"{t}: only a start-window phase can free a start slot")
+        leaves_window = t.source in START_WINDOW_PHASES and t.target not in START_WINDOW_PHASES
+        if t.lease is LeaseEffect.MOVE and leaves_window != (Capacity.START_SLOT in t.frees):
+            raise AssertionError(f"{t}: a move out of the start window frees the start slot")
+
+
+_check_table()
 
 
 class SuspectReason(StrEnum):
@@ -121,13 +245,6 @@ class SuspectReason(StrEnum):
 
     HEARTBEAT_EXPIRED = "heartbeat_expired"
     IDENTITY_UNVERIFIABLE = "identity_unverifiable"
-
-
-class DrainState(StrEnum):
-    """The durable policy's drain state."""
-
-    STEADY = "steady"
-    SOFT_DRAINING_TO_1 = "soft_draining_to_1"
 
 
 class PromptChannel(StrEnum):
@@ -147,3 +264,34 @@ class FailureCategory(StrEnum):
     TIMEOUT = "timeout"
     TRANSPORT = "transport"
     UNKNOWN = "unknown"
+
+
+__all__ = [
+    "ABANDONABLE_PHASES",
+    "ABANDON_OUTCOMES",
+    "ABSENT",
+    "BEFORE_DISPATCH_PHASES",
+    "EVENT_STATES",
+    "EVENT_TRANSITIONS",
+    "EXECUTION_RECOVERY_PHASES",
+    "LIVE_OUTCOMES",
+    "PAYLOAD_DELETED_STATES",
+    "POLICY_EVENT_ID",
+    "RELEASABLE_PHASES",
+    "SEAT_PHASES",
+    "STARTING_PHASES",
+    "START_WINDOW_PHASES",
+    "TERMINAL_STATES",
+    "TRANSITIONS",
+    "Capacity",
+    "DrainState",
+    "EventKind",
+    "FailureCategory",
+    "LeaseEffect",
+    "PromptChannel",
+    "RequestState",
+    "SuspectReason",
+    "Transition",
+    "is_allowed_transition",
+    "transition",
+]

@@ -71,7 +71,7 @@ def _kind(error: BaseException) -> str:
 
 class GateTimer:
     """Times each SQLite writing unit's hold of the writer gate and its ``COMMIT``, by wrapping
-    ``admission_plane.unit_of_work`` in this process only (a few perf_counter calls per unit)."""
+    ``admission_plane.store.unit_of_work`` in this process only (a few perf_counter calls per unit)."""
 
     def __init__(self) -> None:
         self.enabled = False
@@ -81,7 +81,7 @@ class GateTimer:
         self._since: dict[int, float] = {}
 
     def install(self) -> None:
-        from admission_plane import unit_of_work
+        from admission_plane.store import unit_of_work
 
         gate, unit = unit_of_work._WriterGate, unit_of_work.UnitOfWork
         enter, leave, commit = gate.enter.__func__, gate.leave, unit.commit  # type: ignore[attr-defined]
@@ -194,12 +194,10 @@ class Connector:
 
     def warm_up(self) -> None:
         """Compile every statement and run one turn, so the timed window sees a warm process."""
-        from admission_plane import _queries
-        from admission_plane._sql import Statement
+        from admission_plane.store.statements import every_statement
 
-        for value in vars(_queries).values():
-            if isinstance(value, Statement):
-                value.compiled(self.plane.engine.dialect)
+        for statement in every_statement():
+            statement.compiled(self.plane.engine.dialect)
         self.turn()
         self.errors.clear()
         self.polls = 0

@@ -1,6 +1,6 @@
 """The floor: the service's six lifecycle transactions, written with the plain ``sqlite3`` module.
 
-Same SQL text (each statement is taken from :mod:`admission_plane._queries`, compiled for
+Same SQL text (each statement is taken from :mod:`admission_plane.store.statements`, compiled for
 SQLite exactly as the service compiles it), same order, same parameters, same branches
 on the rows read, same transaction shape (a cursor per transaction, ``BEGIN IMMEDIATE``
 ... ``COMMIT``) and the same connection pragmas. What it leaves out is everything that
@@ -20,11 +20,13 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import attrs
 from sqlalchemy.dialects import sqlite
 
-from admission_plane import _queries as q
-from admission_plane._sql import Statement
 from admission_plane.evidence import ConnectorIdentity, ProcessIdentity
+from admission_plane.store.rows import IdentityRow
+from admission_plane.store.statements import admission, dispatch, journal, leases, policy, requests, transitions
+from admission_plane.store.tx import Statement
 
 _DIALECT = sqlite.dialect()
 PRAGMAS = ("PRAGMA foreign_keys = ON", "PRAGMA journal_mode = WAL", "PRAGMA synchronous = FULL",
@@ -35,7 +37,7 @@ _NONCE, _TAG = bytes(12), bytes(16)
 
 
 def connect(path: str | os.PathLike[str]) -> sqlite3.Connection:
-    """A connection configured as the service configures its own (see ``admission_plane.db``)."""
+    """A connection configured as the service configures its own (see ``admission_plane.store.engine``)."""
     connection = sqlite3.connect(os.fspath(path), isolation_level=None, check_same_thread=False, timeout=5.0)
     for pragma in PRAGMAS:
         connection.execute(pragma)
@@ -80,7 +82,7 @@ class FloorConnector:
         """Close the connection."""
         self.connection.close()
 
-    # --- the driver-level twin of ``admission_plane._sql.Tx`` -------------------------------------
+    # --- the driver-level twin of ``admission_plane.store.tx.Tx`` -------------------------------------
 
     def _begin(self, mode: str = "BEGIN IMMEDIATE") -> None:
         self._cursor = self.connection.cursor()
@@ -111,96 +113,100 @@ class FloorConnector:
         return self._run(statement, params).rowcount
 
     def _journal(self, kind: str, from_state: str, to_state: str, now: int) -> None:
-        self._execute(q.INSERT_EVENT, {"kind": kind, "from_state": from_state, "to_state": to_state, "now": now,
-                                       "correlation_hmac": _CORRELATION})
+        self._execute(journal.INSERT_EVENT, {"kind": kind, "from_state": from_state, "to_state": to_state,
+                                             "now": now, "correlation_hmac": _CORRELATION})
 
     # --- the six transactions ------------------------------------------------------------------------
 
     def enqueue(self, request_id: str, agent_id: str, now: int) -> None:
         """``enqueue_with_payload`` of a new request."""
         self._begin()
-        assert self._one(q.SELECT_REQUEST_META, {"request_id": request_id}) is None
-        self._execute(q.INSERT_REQUEST, {
+        assert self._one(requests.SELECT_REQUEST_META, {"request_id": request_id}) is None
+        self._execute(requests.INSERT_REQUEST, {
             "request_id": request_id, "session_id": "session-1", "agent_id": agent_id, "fingerprint": "fp-1",
             "provider": "antigravity", "model": "model-bench", "now": now, "deadline_at": now + 1_800_000,
         })
         self._journal("request_enqueued", "absent", "queued", now)
-        assert tuple(self._one(q.SELECT_REQUEST_STATE, {"request_id": request_id})) == ("queued", None)
-        if self._one(q.SELECT_QUEUED_OWNER, {"owner_instance_id": self.owner}) is None:
-            self._execute(q.INSERT_QUEUED_OWNER, {**self._owner_values, "now": now, "host_id": self.host_id})
-        assert self._execute(q.BIND_QUEUED_OWNER, {"request_id": request_id, "owner_instance_id": self.owner,
-                                                   "now": now}) == 1
-        assert self._scalar(q.SELECT_PAYLOAD_FINGERPRINT, {"request_id": request_id}) is None
-        self._execute(q.INSERT_PAYLOAD, {
+        assert tuple(self._one(requests.SELECT_REQUEST_STATUS, {"request_id": request_id})) == ("queued", None)
+        if self._one(requests.SELECT_QUEUED_OWNER, {"owner_instance_id": self.owner}) is None:
+            self._execute(requests.INSERT_QUEUED_OWNER, {**self._owner_values, "now": now, "host_id": self.host_id})
+        assert self._execute(requests.BIND_QUEUED_OWNER, {"request_id": request_id, "owner_instance_id": self.owner,
+                                                          "now": now}) == 1
+        assert self._scalar(requests.SELECT_PAYLOAD_FINGERPRINT, {"request_id": request_id}) is None
+        self._execute(requests.INSERT_PAYLOAD, {
             "request_id": request_id, "nonce": _NONCE, "ciphertext": request_id.encode(), "auth_tag": _TAG,
             "key_version": 1, "content_fingerprint": _FINGERPRINT, "expires_at": now + 1_800_001, "now": now,
         })
         self._commit()
 
     def _capacity_and_candidate(self, now: int) -> Any:
-        assert self._one(q.SELECT_POLICY) is None
-        assert self._scalar(q.COUNT_SEAT_LEASES) < 8
-        assert self._scalar(q.COUNT_START_WINDOW_LEASES) < 8
+        assert self._one(policy.SELECT_POLICY) is None
+        assert self._scalar(admission.COUNT_SEAT_LEASES) < 8
+        assert self._scalar(admission.COUNT_START_WINDOW_LEASES) < 8
         cutoff = {"cutoff": now}
-        assert self._one(q.RECENT_START, cutoff) is None
-        assert self._one(q.RECENT_RESERVATION, cutoff) is None
-        return self._one(q.SELECT_CANDIDATE_IDLE_AGENT, {"now": now}) or self._one(
-            q.SELECT_CANDIDATE_ANY, {"now": now}
+        assert self._one(admission.RECENT_START, cutoff) is None
+        assert self._one(admission.RECENT_RESERVATION, cutoff) is None
+        return self._one(admission.SELECT_CANDIDATE_IDLE_AGENT, {"now": now}) or self._one(
+            admission.SELECT_CANDIDATE_ANY, {"now": now}
         )
 
     def admit_next(self, now: int) -> tuple[str, str, int]:
         """``admit_next``: the admission in one writing transaction: (lease, request, generation)."""
         self._begin()
-        assert self._run(q.SELECT_EXPIRED, {"now": now}).fetchall() == []
-        candidate = self._capacity_and_candidate(now)
-        request_id, generation = candidate[0], candidate[1] + 1
+        assert self._run(admission.SELECT_EXPIRED, {"now": now}).fetchall() == []
+        request_id, previous_generation = self._capacity_and_candidate(now)
+        generation = previous_generation + 1
         lease_id = str(uuid.uuid4())
-        assert self._execute(q.RESERVE_REQUEST, {"request_id": request_id, "generation": generation}) == 1
-        self._execute(q.INSERT_LEASE, {"lease_id": lease_id, "request_id": request_id, "generation": generation,
-                                       "owner_instance_id": self.owner, "now": now})
+        params = {"lease_id": lease_id, "request_id": request_id, "generation": generation,
+                  "owner_instance_id": self.owner, "source": "queued", "target": "admitted", "now": now}
+        assert self._execute(transitions.RESERVE_REQUEST, params) == 1
+        self._execute(transitions.INSERT_LEASE, params)
         self._journal("request_admitted", "queued", "admitted", now)
         self._commit()
         return lease_id, request_id, generation
 
-    def _lease(self, lease_id: str, generation: int) -> Any:
-        lease = self._one(q.SELECT_LEASE, {"lease_id": lease_id})
+    def _lease(self, lease_id: str, generation: int) -> tuple[str, str, int, str, str]:
+        lease = self._one(leases.SELECT_LEASE, {"lease_id": lease_id})
         assert lease is not None
-        assert lease[2] == generation
-        assert lease[3] == self.owner
-        return lease
+        _, _, lease_generation, owner, _ = lease
+        assert (lease_generation, owner) == (generation, self.owner)
+        return lease  # type: ignore[no-any-return]
 
-    def _set_phase(self, lease: Any, phase: str, kind: str, now: int) -> None:
-        fence = {"lease_id": lease[0], "owner_instance_id": lease[3], "generation": lease[2]}
-        assert self._execute(q.SET_LEASE_PHASE, {**fence, "phase": phase, "now": now}) == 1
-        self._execute(q.SET_REQUEST_STATE, {"request_id": lease[1], "state": phase})
-        self._journal(kind, lease[4], phase, now)
+    def _move(self, lease: tuple[str, str, int, str, str], target: str, kind: str, now: int) -> None:
+        lease_id, request_id, generation, owner, phase = lease
+        fence = {"lease_id": lease_id, "owner_instance_id": owner, "generation": generation, "phase": phase,
+                 "now": now}
+        assert self._execute(transitions.SET_LEASE_PHASE, {**fence, "source": phase, "target": target}) == 1
+        assert self._execute(transitions.SET_REQUEST_STATE, {"request_id": request_id, "generation": generation,
+                                                             "now": now, "source": phase, "target": target}) == 1
+        if target == "active":
+            self._execute(transitions.DELETE_PAYLOAD, {"request_id": request_id})
+        self._journal(kind, phase, target, now)
 
     def mark_starting(self, lease_id: str, generation: int, now: int) -> None:
         """``mark_starting`` (minimum start interval 0)."""
         self._begin()
         lease = self._lease(lease_id, generation)
         assert lease[4] == "admitted"
-        assert self._scalar(q.COUNT_STARTING_LEASES) < 8
-        self._execute(q.DELETE_OLD_STARTS, {"cutoff": now})
-        latest = self._scalar(q.LATEST_START)
+        assert self._scalar(leases.COUNT_STARTING_LEASES) < 8
+        self._execute(leases.DELETE_OLD_STARTS, {"cutoff": now})
+        latest = self._scalar(leases.LATEST_START)
         assert latest is None or now >= latest
-        self._execute(q.INSERT_START, {"lease_id": lease_id, "now": now})
-        self._set_phase(lease, "starting", "request_starting", now)
+        self._execute(leases.INSERT_START, {"lease_id": lease_id, "now": now})
+        self._move(lease, "starting", "request_starting", now)
         self._commit()
 
     def commit_dispatch_intent(self, lease_id: str, request_id: str, generation: int, now: int) -> None:
         """``commit_dispatch_intent`` with the connector's and the child's process identity."""
         self._begin()
         lease = self._lease(lease_id, generation)
-        assert self._one(q.SELECT_IDENTITY, {"lease_id": lease_id}) is None
+        assert self._one(dispatch.SELECT_IDENTITY, {"lease_id": lease_id}) is None
         assert lease[4] == "starting"
-        fence = {"lease_id": lease_id, "owner_instance_id": self.owner, "generation": generation}
-        assert self._execute(q.LEASE_TO_DISPATCH_INTENT, {**fence, "now": now}) == 1
+        self._move(lease, "dispatch_intent", "request_dispatch_intent", now)
         values = (request_id, generation, self.owner, *self._identity_tail)
-        self._execute(q.INSERT_IDENTITY, {"lease_id": lease_id, "now": now, "host_id": self.host_id,
-                                          **dict(zip(q.IDENTITY_COLUMN_NAMES, values, strict=True))})
-        assert self._execute(q.REQUEST_TO_DISPATCH_INTENT, {"request_id": request_id, "generation": generation}) == 1
-        self._journal("request_dispatch_intent", "starting", "dispatch_intent", now)
+        names = [field.name for field in attrs.fields(IdentityRow)]
+        self._execute(dispatch.INSERT_IDENTITY, {"lease_id": lease_id, "now": now, "host_id": self.host_id,
+                                                 **dict(zip(names, values, strict=True))})
         self._commit()
 
     def mark_active(self, lease_id: str, generation: int, now: int) -> None:
@@ -208,8 +214,7 @@ class FloorConnector:
         self._begin()
         lease = self._lease(lease_id, generation)
         assert lease[4] == "dispatch_intent"
-        self._set_phase(lease, "active", "request_active", now)
-        self._execute(q.DELETE_PAYLOAD, {"request_id": lease[1]})
+        self._move(lease, "active", "request_active", now)
         self._commit()
 
     def complete(self, lease_id: str, generation: int, now: int) -> None:
@@ -218,15 +223,19 @@ class FloorConnector:
         lease = self._lease(lease_id, generation)
         assert lease[4] == "active"
         request_id = lease[1]
-        assert self._one(q.SELECT_REQUEST_META, {"request_id": request_id}) is not None
-        self._execute(q.SET_REQUEST_TERMINAL, {"request_id": request_id, "state": "provider_terminal", "now": now})
+        assert self._one(requests.SELECT_REQUEST_META, {"request_id": request_id}) is not None
+        request = {"request_id": request_id, "generation": generation, "now": now}
+        assert self._execute(transitions.SET_REQUEST_STATE,
+                             {**request, "source": "active", "target": "provider_terminal"}) == 1
         self._journal("request_provider_terminal", "active", "provider_terminal", now)
-        self._execute(q.SET_REQUEST_TERMINAL, {"request_id": request_id, "state": "completed", "now": now})
-        self._execute(q.DELETE_PAYLOAD, {"request_id": request_id})
-        fence = {"lease_id": lease_id, "owner_instance_id": self.owner, "generation": generation}
-        assert self._execute(q.DELETE_LEASE, fence) == 1
+        fence = {"lease_id": lease_id, "owner_instance_id": self.owner, "generation": generation, "phase": "active",
+                 "now": now}
+        assert self._execute(transitions.DELETE_LEASE, fence) == 1
+        assert self._execute(transitions.END_LEASED_REQUEST,
+                             {**request, "source": "provider_terminal", "target": "completed"}) == 1
+        self._execute(transitions.DELETE_PAYLOAD, {"request_id": request_id})
         self._journal("request_released", "provider_terminal", "completed", now)
-        assert self._one(q.SELECT_POLICY) is None
+        assert self._one(policy.SELECT_POLICY) is None
         self._commit()
 
     def turn(self, request_id: str, now: int) -> None:

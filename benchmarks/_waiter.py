@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from admission_plane import AdmissionPlane, Policy
+from admission_plane.service import _admission
 
 from ._support import CONTENT_KEY, ENCRYPTION_KEY, wall_ms
 
@@ -34,16 +35,16 @@ def main(argv: list[str] | None = None) -> int:
         content_fingerprint_key=CONTENT_KEY,
     )
     if args.mode == "polling":
-        plane._doorbell = None  # what a database without a doorbell (PostgreSQL) gets
+        plane._ctx.doorbell = None  # what a database without a doorbell (PostgreSQL) gets
     looks = 0
-    look = plane._look
+    look = _admission.look
 
     def counted(*look_args: Any) -> Any:
         nonlocal looks
         looks += 1
         return look(*look_args)
 
-    plane._look = counted  # type: ignore[method-assign]
+    _admission.look = counted
     request_id = f"waiter-{args.index}"
     now = wall_ms()
     plane.enqueue_with_payload(

@@ -23,9 +23,10 @@ import pytest
 from sqlalchemy.dialects import sqlite
 
 from admission_plane import AdmissionPlane, DispatchRecord
-from admission_plane import _queries as q
 from admission_plane.crypto import SecretKey, content_fingerprint, event_correlation, seal
 from admission_plane.evidence import capture
+from admission_plane.service import _admission
+from admission_plane.store.statements import journal, requests
 
 from ._support import (
     CONTENT_KEY,
@@ -70,12 +71,12 @@ def _hold_seat(plane: AdmissionPlane, request_id: str, agent: int, now: int) -> 
 def _bulk_queue(path: Path, depth: int, start: int) -> None:
     """Queue ``depth`` requests (agents in turn) in one transaction with the service's statements."""
     encryption, content = SecretKey(ENCRYPTION_KEY, "encryption"), SecretKey(CONTENT_KEY, "content")
-    requests, payloads, events = [], [], []
+    request_rows, payloads, events = [], [], []
     for index in range(depth):
         request_id, now = f"queued-{index:05d}", start + index
         plaintext = f"prompt {request_id}"
         sealed = seal(encryption, request_id, plaintext)
-        requests.append({
+        request_rows.append({
             "request_id": request_id, "session_id": "session-1", "agent_id": f"agent-{index % AGENTS}",
             "fingerprint": "fp-1", "provider": "antigravity", "model": "model-bench", "now": now,
             "deadline_at": now + 1_800_000,
@@ -92,8 +93,8 @@ def _bulk_queue(path: Path, depth: int, start: int) -> None:
     try:
         connection.execute("PRAGMA foreign_keys = ON")
         connection.execute("BEGIN IMMEDIATE")
-        for statement, rows in ((q.INSERT_REQUEST, requests), (q.INSERT_PAYLOAD, payloads),
-                                (q.INSERT_EVENT, events)):
+        for statement, rows in ((requests.INSERT_REQUEST, request_rows), (requests.INSERT_PAYLOAD, payloads),
+                                (journal.INSERT_EVENT, events)):
             sql, defaults = statement.compiled(_DIALECT)
             assert not defaults
             connection.executemany(sql, rows)
@@ -213,7 +214,7 @@ def test_waiting_look_at_depth(benchmark, queue: _Queue) -> None:
 
     def look() -> None:
         queue.now += 1
-        lease, wake = queue.plane._admit_request(newest, queue.now, queue.owner)
+        lease, wake = _admission.admit_request(queue.plane._ctx, newest, queue.now, queue.owner)
         assert lease is None
         assert wake is not None
         assert wake.queue >= 1

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from admission_plane import _sql
 from admission_plane.evidence import ProcessIdentity
+from admission_plane.store import tx as _sql
 
 from ._floor import FloorConnector, raw_commit, raw_commit_connection
 from ._support import (

@@ -18,10 +18,10 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
-from admission_plane.db import create_admission_engine
 from admission_plane.errors import AdmissionMigrationError
 from admission_plane.migrate import STEP_ROLLED_BACK, prepare_migration, resolve_url
-from admission_plane.model import metadata
+from admission_plane.store.engine import create_admission_engine
+from admission_plane.store.model import metadata
 
 config = context.config
 if config.config_file_name is not None and config.get_section("loggers") is not None:

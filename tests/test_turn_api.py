@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from admission_plane import AdmissionPlane, Policy, RequestState
-from admission_plane._status import read_status
 from admission_plane.migrate import upgrade
 from admission_plane.service import wall_clock_ms
-from admission_plane.turn import Backoff, Turn, TurnNotAdmittedError, run_turn, spawn_child, turn
+from admission_plane.store.status import read_status
+from admission_plane.turns import Backoff, Turn, TurnNotAdmittedError, run_turn, spawn_child, turn
 
 ENCRYPTION_KEY = bytes([1]) * 32
 CONTENT_KEY = bytes([2]) * 32

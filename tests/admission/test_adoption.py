@@ -20,8 +20,9 @@ from seed_schema import (
     without_host_ids,
 )
 
-from admission_plane import migrate, schema_check
+from admission_plane import migrate
 from admission_plane.errors import AdmissionMigrationError
+from admission_plane.store import schema_spec as schema_check
 
 
 def alembic_version(path: Path) -> list[str] | None:

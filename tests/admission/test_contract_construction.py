@@ -130,7 +130,7 @@ def test_changing_the_caller_buffer_after_open_does_not_change_the_plane_keys(ma
 def test_close_zero_fills_the_internal_key_copies(make_plane: PlaneFactory) -> None:
     """AC-03: the plane's own key copies are zero-filled on close."""
     plane = make_plane()
-    keys = (plane._encryption_key, plane._content_key)
+    keys = (plane._ctx.keys.encryption, plane._ctx.keys.content)
     assert all(key is not None and key.material() != bytes(32) for key in keys)
     plane.close()
     assert all(key is not None and key.material() == bytes(32) for key in keys)

@@ -12,8 +12,9 @@ from planes import admit, enqueue
 from sqlalchemy import text
 
 from admission_plane import AdmissionPlane, AdmissionStateError, InvalidInputError, LiveTurnCompletion
-from admission_plane._sql import Statement
+from admission_plane.service import _journal
 from admission_plane.states import EVENT_STATES, EVENT_TRANSITIONS
+from admission_plane.store.tx import Statement
 
 CORRELATION_REQUEST_1 = "dd68e8f75598f7318cac9c6a72bfd6af38522a7d047d63d7d07a6738434ff906"
 LIFECYCLE = [
@@ -248,9 +249,9 @@ def test_the_writer_refuses_a_transition_outside_the_allowlist(
 
     def work(tx):  # type: ignore[no-untyped-def]
         tx.execute(Statement(text("UPDATE turn_requests SET state = 'cancelled'")))
-        plane._journal(tx, *transition[:1], "request-1", *transition[1:], 101)
+        _journal.record(plane._ctx, tx, *transition[:1], "request-1", *transition[1:], 101)
 
     with pytest.raises(AdmissionStateError, match=exactly("admission event transition is not allowlisted")):
-        plane._run(work)
+        plane._ctx.run(work)
     assert table_dump(database_url) == before
     assert count(database_url, "events") == 1

@@ -17,8 +17,9 @@ from planes import Clock, admit, enqueue, lease_in_phase
 from sqlalchemy import text
 
 from admission_plane import AdmissionPlane, InvalidInputError, LiveTurnCompletion, Policy, RequestState
-from admission_plane._doorbell import CHANNEL, EVERYONE_STEP, Bell, Chimes, Doorbell, ring
-from admission_plane.service import DOORBELL_FALLBACK_MS, _Wake, wall_clock_ms
+from admission_plane.service import DOORBELL_FALLBACK_MS, _admission, wall_clock_ms
+from admission_plane.service._admission import Wake as _Wake
+from admission_plane.store.doorbell import CHANNEL, EVERYONE_STEP, Bell, Chimes, Doorbell, ring
 
 SQLITE_ONLY = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 ONE_SEAT = Policy(1, 1, 0, 1_800_000, 30_000)
@@ -104,7 +105,7 @@ def test_a_waiter_wakes_only_for_what_it_waits_for(wake: _Wake, current: Chimes,
 
 
 def chimes(plane: AdmissionPlane) -> Chimes:
-    reading = plane._doorbell.read() if plane._doorbell is not None else None
+    reading = plane._ctx.doorbell.read() if plane._ctx.doorbell is not None else None
     assert reading is not None, "an SQLite file plane has a doorbell"
     return reading
 
@@ -165,13 +166,14 @@ def test_a_refused_operation_rings_nothing(plane: AdmissionPlane) -> None:
 def count_looks(plane: AdmissionPlane, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Record the request id of every admission look the plane runs."""
     looks: list[str] = []
-    original = plane._look
+    original = _admission.look
 
-    def look(tx: Any, request_id: str, *args: Any) -> Any:
-        looks.append(request_id)
-        return original(tx, request_id, *args)
+    def look(ctx: Any, tx: Any, request_id: str, *args: Any) -> Any:
+        if ctx is plane._ctx:
+            looks.append(request_id)
+        return original(ctx, tx, request_id, *args)
 
-    monkeypatch.setattr(plane, "_look", look)
+    monkeypatch.setattr(_admission, "look", look)
     return looks
 
 
@@ -355,7 +357,7 @@ POSTGRES_ONLY = pytest.mark.parametrize(
 def listening(plane: AdmissionPlane) -> Chimes:
     """Start the plane's listener and wait (real time, at most 5 s) until it listens; its counters then."""
     deadline = time.monotonic() + 5
-    while (reading := plane._doorbell.read() if plane._doorbell is not None else None) is None:
+    while (reading := plane._ctx.doorbell.read() if plane._ctx.doorbell is not None else None) is None:
         assert time.monotonic() < deadline, "the PostgreSQL doorbell never started listening"
         time.sleep(0.005)
     return reading
@@ -393,7 +395,7 @@ def test_postgres_close_stops_the_listener(make_plane: Callable[..., AdmissionPl
     """Closing the plane stops its listener thread; the doorbell then reads nothing."""
     plane = make_plane()
     listening(plane)
-    doorbell = plane._doorbell
+    doorbell = plane._ctx.doorbell
     plane.close()
     assert doorbell is not None
     assert doorbell.read() is None
@@ -455,4 +457,4 @@ def test_postgres_listener_reconnects_after_losing_its_connection(
 
 
 def chimes_or_none(plane: AdmissionPlane) -> Chimes | None:
-    return plane._doorbell.read() if plane._doorbell is not None else None
+    return plane._ctx.doorbell.read() if plane._ctx.doorbell is not None else None

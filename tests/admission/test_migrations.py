@@ -200,7 +200,7 @@ def test_upgrade_accepts_an_engine_and_leaves_it_usable(tmp_path: Path) -> None:
     """The service layer's engine can be migrated and then used for queries."""
     from sqlalchemy import text
 
-    from admission_plane.db import create_admission_engine
+    from admission_plane.store.engine import create_admission_engine
 
     engine = create_admission_engine(tmp_path / "engine.sqlite")
     try:

@@ -10,9 +10,9 @@ from alembic import command
 from sqlalchemy import Engine
 
 from admission_plane import migrate
-from admission_plane.db import create_admission_engine
 from admission_plane.errors import AdmissionMigrationError, SchemaIntegrityError
-from admission_plane.schema_check import check_schema, schema_version
+from admission_plane.store.engine import create_admission_engine
+from admission_plane.store.schema_check import check_schema, schema_version
 
 pytestmark = pytest.mark.postgres
 

@@ -238,7 +238,7 @@ def test_waiting_processes_are_admitted_oldest_first_once_the_seat_frees(
     plane.complete_live_turn(held, wall_ms(), LiveTurnCompletion("completed"))
     outcomes = [waiter.finish() for waiter in waiters]
     assert [outcome["admitted"] for outcome in outcomes] == [True] * 4
-    names = {plane._correlation(name): name for name in ("held", "q0", "q1", "q2", "q3")}
+    names = {plane._ctx.keys.correlation(name): name for name in ("held", "q0", "q1", "q2", "q3")}
     journal = list(read_journal(plane))
     admitted = [names[event.correlation_hmac] for event in journal if event.kind == EventKind.REQUEST_ADMITTED]
     assert admitted == ["held", "q0", "q1", "q2", "q3"]

@@ -11,10 +11,11 @@ import pytest
 from seed_schema import build_seed_database, connect, populate
 from sqlalchemy import Engine
 
-from admission_plane import migrate, schema_check
-from admission_plane.db import create_admission_engine
+from admission_plane import migrate
 from admission_plane.errors import SchemaIntegrityError
-from admission_plane.schema_check import check_schema, expected_schema_version, schema_version
+from admission_plane.store import schema_spec as schema_check
+from admission_plane.store.engine import create_admission_engine
+from admission_plane.store.schema_check import check_schema, expected_schema_version, schema_version
 
 
 @pytest.fixture

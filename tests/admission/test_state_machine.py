@@ -40,8 +40,8 @@ from admission_plane import (
     Policy,
 )
 from admission_plane.evidence import BOOT_ID_PATH, capture, read_boot_id
-from admission_plane.schema_check import check_schema
 from admission_plane.states import SEAT_PHASES, TERMINAL_STATES, FailureCategory
+from admission_plane.store.schema_check import check_schema
 
 POLICY = Policy(2, 1, 50, 20_000, 1_000)
 OTHER_OWNER = "0b7e5a9c-3d2f-4e1a-9c8b-7a6f5e4d3c2b"

@@ -70,7 +70,7 @@ def wait_for_the_doorbell(plane: AdmissionPlane, before: object) -> None:
     SQLite's doorbell changes with the ring itself; PostgreSQL's counts a notification on a
     listener thread, a moment after the commit, which a test clock cannot wait for.
     """
-    doorbell = plane._doorbell
+    doorbell = plane._ctx.doorbell
     deadline = time.monotonic() + 5
     while doorbell is not None and before is not None and doorbell.read() == before:
         assert time.monotonic() < deadline, "the doorbell never rang"
@@ -89,7 +89,7 @@ def test_wait_never_admits_ahead_of_an_older_request(make_plane: Callable[..., A
         looks.append(seconds)
         clock.sleep(seconds)
         if len(looks) == 3:
-            before = plane._doorbell.read() if plane._doorbell is not None else None
+            before = plane._ctx.doorbell.read() if plane._ctx.doorbell is not None else None
             assert plane.admit_request("older", clock.now, "owner-a") is not None
             wait_for_the_doorbell(plane, before)
 

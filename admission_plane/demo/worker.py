@@ -1,6 +1,6 @@
 """One demo agent: a real connector process that submits its turns through the high-level API.
 
-Started by :mod:`admission_plane.demo` as ``python -m admission_plane._demo_worker``
+Started by :mod:`admission_plane.demo` as ``python -m admission_plane.demo.worker``
 with the database URL, the policy and a JSON plan of turns on the command line and the
 keys in the environment (``ADMISSION_PLANE_ENCRYPTION_KEY``/``ADMISSION_PLANE_CONTENT_KEY``).
 It reports on standard output, one JSON object per line, never a key or a prompt:
@@ -19,9 +19,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
+
+from ..clock import wall_clock_ms
+from ..keys import load_keys
+from ..plane import AdmissionPlane
+from ..policy import Policy
+from ..states import RequestState
+from ..turns import Turn, TurnNotAdmittedError
 
 CAPACITY_EXIT_STATUS = 75
 PROVIDER = "demo-provider"
@@ -52,11 +60,6 @@ def _emit(message: dict[str, Any]) -> None:
 
 def run_worker(args: argparse.Namespace) -> int:
     """Submit every turn of the plan, one after the other, and report each result."""
-    from .keys import load_keys
-    from .policy import Policy
-    from .service import AdmissionPlane
-    from .turn import Turn, TurnNotAdmittedError
-
     keys = load_keys(args.key_file)
     policy = Policy(*json.loads(args.policy))
     plan = json.loads(args.plan)
@@ -70,9 +73,9 @@ def run_worker(args: argparse.Namespace) -> int:
             positions: list[int] = []
 
             def progress(turn: Turn, phase: str, spec: dict[str, Any] = spec, positions: list[int] = positions) -> None:
-                if phase == "queued" and turn.snapshot is not None:
+                if phase == RequestState.QUEUED and turn.snapshot is not None:
                     positions.append(turn.snapshot.position)
-                if phase == "dispatch_intent" and spec.get("kill_point"):
+                if phase == RequestState.DISPATCH_INTENT and spec.get("kill_point"):
                     _emit({"event": "kill_point", "agent": args.agent, "index": spec["index"],
                            "request_id": spec["request_id"], "child_pid": turn.pid, "worker_pid": _pid()})
                     time.sleep(600)  # the demo kills this process with SIGKILL here
@@ -112,7 +115,7 @@ def run_worker(args: argparse.Namespace) -> int:
                 "enqueued_at": active.enqueued_at,
                 "admitted_at": active.admitted_at,
                 "waited_ms": active.waited_ms,
-                "ended_at": plane_clock(),
+                "ended_at": wall_clock_ms(),
                 "max_position": max(positions, default=None),
                 "lease_lost": active.lease_lost,
                 "error": error,
@@ -120,20 +123,13 @@ def run_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def plane_clock() -> int:
-    """Wall-clock milliseconds (the demo's ``now`` everywhere)."""
-    return time.time_ns() // 1_000_000
-
-
 def _pid() -> int:
-    import os
-
     return os.getpid()
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the worker's arguments and run its plan."""
-    parser = argparse.ArgumentParser(prog="python -m admission_plane._demo_worker")
+    parser = argparse.ArgumentParser(prog="python -m admission_plane.demo.worker")
     parser.add_argument("--db", required=True)
     parser.add_argument("--agent", required=True)
     parser.add_argument("--policy", required=True, help="JSON list of the five policy integers")

@@ -10,7 +10,12 @@ recipe). A connection may ask for a deferred ``BEGIN`` with the execution option
 
 PostgreSQL (``postgresql+psycopg://``): ``READ COMMITTED``; operations that change
 seats, starts or the queue serialise on a transaction-level advisory lock (see
-:mod:`admission_plane.unit_of_work`).
+:mod:`admission_plane.store.unit_of_work`).
+
+The two ways a transaction begins share :data:`SQLITE_BEGIN`: the unit of work issues it on
+the driver connection itself (the hot path never goes through a SQLAlchemy ``Connection``),
+and every other reader or writer goes through a ``Connection`` whose ``begin`` hook issues
+it (:func:`deferred` asks for the read-only form).
 """
 
 from __future__ import annotations
@@ -19,14 +24,17 @@ import os
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError
 
-from .errors import InvalidInputError
+from ..errors import InvalidInputError
 
+#: The environment variable naming the database when no URL is given (CLI, ``alembic``).
+DATABASE_URL_VARIABLE = "ADMISSION_PLANE_DATABASE_URL"
 DEFAULT_BUSY_TIMEOUT_MS = 5_000
 SQLITE_BEGIN_OPTION = "sqlite_begin"
-_SQLITE_BEGIN_MODES = {"IMMEDIATE": "BEGIN IMMEDIATE", "DEFERRED": "BEGIN", "EXCLUSIVE": "BEGIN EXCLUSIVE"}
+#: How an SQLite transaction begins: a writer takes the write lock first, a reader does not.
+SQLITE_BEGIN = {"IMMEDIATE": "BEGIN IMMEDIATE", "DEFERRED": "BEGIN"}
 
 
 def parse_url(url: str | URL | os.PathLike[str]) -> URL:
@@ -100,7 +108,12 @@ def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
         mode = connection.get_execution_options().get(SQLITE_BEGIN_OPTION, "IMMEDIATE")
-        connection.exec_driver_sql(_SQLITE_BEGIN_MODES[mode])
+        connection.exec_driver_sql(SQLITE_BEGIN[mode])
+
+
+def deferred(connection: Connection) -> Connection:
+    """``connection``, beginning its transactions read-only (SQLite: a deferred ``BEGIN``)."""
+    return connection.execution_options(**{SQLITE_BEGIN_OPTION: "DEFERRED"})
 
 
 def writer_lock_path(engine: Engine) -> str | None:
@@ -108,8 +121,3 @@ def writer_lock_path(engine: Engine) -> str | None:
     if engine.dialect.name != "sqlite" or not engine.url.database:
         return None
     return f"{engine.url.database}-writer.lock"
-
-
-def is_sqlite(engine: Engine) -> bool:
-    """Whether ``engine`` talks to SQLite."""
-    return engine.dialect.name == "sqlite"

@@ -34,10 +34,10 @@ from typing import Any, TypeVar
 from sqlalchemy import BigInteger, Engine, bindparam, func, literal, select
 from sqlalchemy.exc import DBAPIError
 
-from ._doorbell import CHANNEL, Chimes, ring
-from ._sql import Statement, Tx
-from .db import writer_lock_path
-from .errors import AdmissionBusyError, AdmissionDatabaseError
+from ..errors import AdmissionBusyError, AdmissionDatabaseError
+from .doorbell import CHANNEL, Chimes, ring
+from .engine import SQLITE_BEGIN, writer_lock_path
+from .tx import Statement, Tx
 
 T = TypeVar("T")
 
@@ -57,7 +57,7 @@ class UnitOfWork:
     """One transaction on a pooled DB-API connection; rolls back unless :meth:`commit` was called.
 
     Every statement of an operation runs on the connection's cursor (see
-    :mod:`admission_plane._sql`), so the transaction is driven on the driver connection
+    :mod:`admission_plane.store.tx`), so the transaction is driven on the driver connection
     too: SQLite gets an explicit ``BEGIN IMMEDIATE`` (``BEGIN`` when read-only), PostgreSQL
     an implicit transaction whose first statement takes the advisory lock.
     """
@@ -79,7 +79,7 @@ class UnitOfWork:
                 self._gate = _WriterGate.enter(self._engine)
             tx = Tx(connection, dialect)
             if dialect.name == "sqlite":
-                tx.begin("BEGIN" if self._read_only else "BEGIN IMMEDIATE")
+                tx.begin(SQLITE_BEGIN["DEFERRED" if self._read_only else "IMMEDIATE"])
             elif not self._read_only:
                 tx.execute(_LOCK_STATEMENT)
         except BaseException:
@@ -134,7 +134,7 @@ class _WriterGate:
     Each unit opens its own file description, so threads of one process queue too. The lock
     is released by ``close`` and by the kernel when a process dies; a writer whose holder is
     *stopped* (SIGSTOP) waits until it resumes or dies. The file's first bytes hold the
-    admission doorbell (:mod:`admission_plane._doorbell`), rung by the holder after commit.
+    admission doorbell (:mod:`admission_plane.store.doorbell`), rung by the holder after commit.
     """
 
     __slots__ = ("_fd",)
@@ -159,7 +159,7 @@ class _WriterGate:
         return cls(fd)
 
     def ring(self, delta: Chimes) -> None:
-        """Ring the doorbell kept in this file (see :mod:`admission_plane._doorbell`); needs the lock."""
+        """Ring the doorbell kept in this file (see :mod:`admission_plane.store.doorbell`); needs the lock."""
         ring(self._fd, delta)
 
     def leave(self) -> None:

@@ -1,34 +1,7 @@
-"""The high-level turn API: one ``with`` block drives a turn through the whole lifecycle.
-
-::
-
-    with plane.turn(request_id="r-1", session_id="s-1", agent_id="agent-a",
-                    provider="anthropic", model="claude", prompt="hello",
-                    command=["my-provider-cli"]) as turn:
-        reply = turn.child.stdout.read()      # the turn is active here; heartbeats run
-        if b"overloaded" in reply:
-            turn.fail("provider_capacity")    # cools the model down for everyone
-
-Entering the block enqueues the request with its sealed prompt, waits for admission
-(polling with back-off; the queue position is reported to ``progress`` and kept in
-:attr:`Turn.snapshot`), marks the lease starting, spawns (or adopts) the dispatch child,
-records the child's process identity with the dispatch intent, reads the prompt back
-from the payload, writes it to the child and marks the turn active. A background thread
-heartbeats the lease from admission until the block ends. Leaving the block completes
-the turn with the outcome chosen in the block (``completed`` by default).
-
-Failure rules (never a re-enqueue): an exception while still queued cancels the request;
-an exception after admission but before the prompt write abandons the lease
-(``failed``, or ``cancelled`` for ``KeyboardInterrupt``); an exception once the write
-began, or inside the block, marks the execution ``recovery_required`` (the seat stays
-held as visible capacity debt). The original exception is always re-raised.
-"""
+"""``Turn``: one agent turn driven through the lifecycle by a ``with`` block (see :mod:`admission_plane.turns`)."""
 
 from __future__ import annotations
 
-import os
-import random
-import signal
 import subprocess
 import threading
 import time
@@ -36,95 +9,28 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
-import attrs
-
-from .errors import AdmissionError, AdmissionStateError, InvalidInputError, LeaseFenceError, UnknownLeaseError
-from .evidence import capture
-from .service import AdmissionPlane, wall_clock_ms
-from .states import FailureCategory, PromptChannel, RequestState
-from .values import AdmittedLease, DispatchRecord, LiveTurnCompletion, LiveTurnFailure, QueueSnapshot
-
-__all__ = [
-    "DEFAULT_FINGERPRINT",
-    "Backoff",
-    "DispatchRefusedError",
-    "Turn",
-    "TurnNotAdmittedError",
-    "run_turn",
-    "spawn_child",
-    "turn",
-]
+from ..clock import wall_clock_ms
+from ..errors import AdmissionError, AdmissionStateError, InvalidInputError, LeaseFenceError, UnknownLeaseError
+from ..evidence import capture
+from ..service import AdmissionService
+from ..states import FailureCategory, PromptChannel, RequestState
+from ..values import AdmittedLease, DispatchRecord, LiveTurnCompletion, LiveTurnFailure, QueueSnapshot
+from ._child import spawn_child, terminate, write_to_stdin
+from ._support import DEFAULT_FINGERPRINT, Backoff, DispatchRefusedError, TurnNotAdmittedError
 
 T = TypeVar("T")
 S = RequestState
 
-#: The request fingerprint used when the caller gives none (it is stored in clear: never derive it from the prompt).
-DEFAULT_FINGERPRINT = "admission-plane.turn/1"
 #: ``mark_starting`` refusals that clear by themselves once other turns move on.
 _RETRYABLE_START_REFUSALS = frozenset({"concurrent start limit reached", "start interval has not elapsed"})
-_TERMINATE_GRACE_S = 2.0
 
 Progress = Callable[["Turn", str], object]
 Spawn = Callable[[], "subprocess.Popen[bytes] | int"]
 WritePrompt = Callable[["Turn", str], object]
 
 
-class TurnNotAdmittedError(AdmissionStateError):
-    """The request left the queue without being admitted here (timed out, cancelled, taken by another owner)."""
-
-
-class DispatchRefusedError(AdmissionStateError):
-    """The dispatch intent was not committed (``reason`` as in :class:`~admission_plane.DispatchIntentResult`)."""
-
-    def __init__(self, reason: str | None) -> None:
-        super().__init__(f"dispatch intent was not committed: {reason}")
-        self.reason = reason
-
-
-@attrs.frozen
-class Backoff:
-    """Polling delays: ``initial_ms``, multiplied by ``factor`` up to ``max_ms``, with +/- ``jitter``.
-
-    Waiting for admission uses ``initial_ms`` and ``max_ms`` as
-    :meth:`AdmissionPlane.wait_for_admission`'s ``initial_delay_ms`` and ``max_delay_ms``;
-    waiting for a start slot uses all four.
-    """
-
-    initial_ms: int = 10
-    factor: float = 1.6
-    max_ms: int = 250
-    jitter: float = 0.2
-
-    def delays(self) -> Any:
-        """Yield successive delays in seconds, forever."""
-        delay = float(self.initial_ms)
-        while True:
-            spread = delay * self.jitter
-            yield max(0.0, delay + random.uniform(-spread, spread)) / 1000  # noqa: S311 - jitter, not secrecy
-            delay = min(delay * self.factor, float(self.max_ms))
-
-
-def spawn_child(command: Sequence[str], **popen_options: Any) -> subprocess.Popen[bytes]:
-    """Start a dispatch child in its own process group and session (so the reaper can inspect its
-    group), with a pipe on stdin for the prompt and, unless overridden, one on stdout."""
-    popen_options.setdefault("stdin", subprocess.PIPE)
-    popen_options.setdefault("stdout", subprocess.PIPE)
-    popen_options.setdefault("start_new_session", True)
-    return subprocess.Popen(list(command), **popen_options)
-
-
 def _write_to_stdin(turn: Turn, prompt: str) -> None:
-    child = turn.child
-    if child is None or child.stdin is None:
-        raise InvalidInputError("the default prompt writer needs a spawned child with a stdin pipe")
-    stdin = child.stdin
-    try:
-        stdin.write(prompt.encode("utf-8"))
-        stdin.flush()
-    finally:
-        stdin.close()
-        # Popen.communicate() would flush the closed pipe; the child has its whole prompt now.
-        child.stdin = None
+    write_to_stdin(turn.child, prompt)
 
 
 class _Stage:
@@ -148,7 +54,7 @@ class Turn:
 
     def __init__(
         self,
-        plane: AdmissionPlane,
+        plane: AdmissionService,
         *,
         request_id: str,
         session_id: str,
@@ -170,7 +76,7 @@ class Turn:
         clock: Callable[[], int] = wall_clock_ms,
         sleep: Callable[[float], object] = time.sleep,
     ) -> None:
-        if not isinstance(plane, AdmissionPlane):
+        if not isinstance(plane, AdmissionService):
             raise InvalidInputError("turn needs an AdmissionPlane")
         if (command is None) == (spawn is None):
             raise InvalidInputError("turn needs exactly one of command and spawn")
@@ -414,25 +320,7 @@ class Turn:
         self._report(state)
 
     def _terminate_child(self) -> None:
-        """Stop a child this turn spawned, if it still runs (its whole group when it leads one)."""
-        child = self.child
-        if child is None or child.poll() is not None:
-            return
-        # While the leader is unreaped its pid (and so its group id) cannot be reused.
-        group = child.pid if _process_group(child.pid) == child.pid else None
-        for sig, grace in ((signal.SIGTERM, _TERMINATE_GRACE_S), (signal.SIGKILL, None)):
-            try:
-                if group is not None:
-                    os.killpg(group, sig)
-                else:
-                    child.send_signal(sig)
-            except ProcessLookupError:
-                pass
-            try:
-                child.wait(timeout=grace)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        terminate(self.child)
 
     # --- heartbeats and progress ----------------------------------------------------------------------
 
@@ -467,19 +355,14 @@ class Turn:
         return {0: "new", 1: "queued", 2: "leased", 3: "writing", 4: "done"}[self._stage]
 
 
-def _process_group(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except OSError:
-        return None
 
 
-def turn(plane: AdmissionPlane, **options: Any) -> Turn:
+def turn(plane: AdmissionService, **options: Any) -> Turn:
     """A :class:`Turn` on ``plane``: use it as ``with turn(plane, ...) as t:`` (see :class:`Turn`)."""
     return Turn(plane, **options)
 
 
-def run_turn(plane: AdmissionPlane, handler: Callable[[Turn], T], **options: Any) -> T:
+def run_turn(plane: AdmissionService, handler: Callable[[Turn], T], **options: Any) -> T:
     """Run ``handler`` inside an active turn and return its result (the turn settles as in :class:`Turn`)."""
     with Turn(plane, **options) as active:
         return handler(active)

@@ -12,9 +12,9 @@ from typing import Any
 import attrs
 from sqlalchemy import Engine, case, func, select
 
-from .db import SQLITE_BEGIN_OPTION
+from ..states import SEAT_PHASES, RequestState
+from .engine import deferred
 from .model import Cooldown, Event, Lease, PolicyState, TurnPayload, TurnRequest
-from .states import SEAT_PHASES, RequestState
 
 __all__ = ["PlaneStatus", "read_status"]
 
@@ -55,44 +55,41 @@ def read_status(engine: Engine, now: int) -> PlaneStatus:
     """Read the plane's status in one read-only transaction."""
     seat_phases = [str(phase) for phase in SEAT_PHASES]
     queued = TurnRequest.state == str(RequestState.QUEUED)
-    with engine.connect() as connection:
-        if engine.dialect.name == "sqlite":
-            connection = connection.execution_options(**{SQLITE_BEGIN_OPTION: "DEFERRED"})
-        with connection.begin():
-            by_state = dict(connection.execute(
-                select(TurnRequest.state, func.count()).group_by(TurnRequest.state)
-            ).all())
-            oldest = connection.execute(select(func.min(TurnRequest.enqueued_at)).where(queued)).scalar()
-            with_payload = connection.execute(
-                select(func.count()).select_from(TurnRequest).join(
-                    TurnPayload, TurnPayload.request_id == TurnRequest.request_id
-                ).where(queued)
-            ).scalar_one()
-            phases = connection.execute(
-                select(
-                    Lease.phase,
-                    func.count(),
-                    func.sum(case((Lease.suspect_since.is_not(None), 1), else_=0)),
-                ).group_by(Lease.phase)
-            ).all()
-            cooldowns = connection.execute(
-                select(Cooldown.provider, Cooldown.model, Cooldown.not_before)
-                .where(Cooldown.not_before > now)
-                .order_by(Cooldown.not_before)
-            ).all()
-            policy = connection.execute(
-                select(
-                    PolicyState.max_active_turns,
-                    PolicyState.max_concurrent_starts,
-                    PolicyState.min_start_interval_ms,
-                    PolicyState.queue_timeout_ms,
-                    PolicyState.capacity_cooldown_ms,
-                    PolicyState.drain_state,
-                )
-            ).first()
-            event_count, last_seq = connection.execute(
-                select(func.count(), func.coalesce(func.max(Event.event_seq), 0))
-            ).one()
+    with engine.connect() as connection, deferred(connection).begin():
+        by_state = dict(connection.execute(
+            select(TurnRequest.state, func.count()).group_by(TurnRequest.state)
+        ).all())
+        oldest = connection.execute(select(func.min(TurnRequest.enqueued_at)).where(queued)).scalar()
+        with_payload = connection.execute(
+            select(func.count()).select_from(TurnRequest).join(
+                TurnPayload, TurnPayload.request_id == TurnRequest.request_id
+            ).where(queued)
+        ).scalar_one()
+        phases = connection.execute(
+            select(
+                Lease.phase,
+                func.count(),
+                func.sum(case((Lease.suspect_since.is_not(None), 1), else_=0)),
+            ).group_by(Lease.phase)
+        ).all()
+        cooldowns = connection.execute(
+            select(Cooldown.provider, Cooldown.model, Cooldown.not_before)
+            .where(Cooldown.not_before > now)
+            .order_by(Cooldown.not_before)
+        ).all()
+        policy = connection.execute(
+            select(
+                PolicyState.max_active_turns,
+                PolicyState.max_concurrent_starts,
+                PolicyState.min_start_interval_ms,
+                PolicyState.queue_timeout_ms,
+                PolicyState.capacity_cooldown_ms,
+                PolicyState.drain_state,
+            )
+        ).first()
+        event_count, last_seq = connection.execute(
+            select(func.count(), func.coalesce(func.max(Event.event_seq), 0))
+        ).one()
     leases = {str(phase): int(count) for phase, count, _ in phases}
     return PlaneStatus(
         now=now,
@@ -104,8 +101,18 @@ def read_status(engine: Engine, now: int) -> PlaneStatus:
         leases_by_phase=leases,
         suspects_by_phase={str(phase): int(suspects or 0) for phase, _, suspects in phases if suspects},
         cooldowns=tuple((str(p), str(m), int(nb)) for p, m, nb in cooldowns),
-        durable_policy=None if policy is None else tuple(int(value) for value in policy[:5]),  # type: ignore[arg-type]
-        drain_state=None if policy is None else str(policy[5]),
+        durable_policy=None if policy is None else _policy_tuple(policy),
+        drain_state=None if policy is None else str(policy.drain_state),
         event_count=int(event_count),
         last_event_seq=int(last_seq),
+    )
+
+
+def _policy_tuple(policy: Any) -> tuple[int, int, int, int, int]:
+    return (
+        int(policy.max_active_turns),
+        int(policy.max_concurrent_starts),
+        int(policy.min_start_interval_ms),
+        int(policy.queue_timeout_ms),
+        int(policy.capacity_cooldown_ms),
     )

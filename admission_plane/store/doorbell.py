@@ -46,7 +46,7 @@ from typing import Any
 import attrs
 from sqlalchemy import Engine
 
-from .db import writer_lock_path
+from .engine import writer_lock_path
 
 _log = logging.getLogger(__name__)
 #: The PostgreSQL notification channel (one per database).

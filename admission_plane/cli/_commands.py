@@ -1,0 +1,199 @@
+"""The commands: ``db``, ``keys``, ``status``, ``events``, ``reap`` and ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+from pathlib import Path
+
+import attrs
+from alembic import command
+from alembic.util import CommandError
+
+from ..errors import AdmissionError
+from ..keys import ENCRYPTION_KEY_VARIABLE, default_key_file, generate_key_file
+from ..migrate import HEAD_REVISION, alembic_config, current_revision, downgrade, upgrade
+from ..policy import Policy
+from ..store.engine import create_admission_engine
+from ..store.schema_check import check_schema
+from ..store.status import read_status
+from ._common import (
+    EXIT_FOUND_PROBLEM,
+    EXIT_OK,
+    CommandFailed,
+    assert_migrated,
+    database_url,
+    duration,
+    emit,
+    first_line,
+    interruptible,
+    now_ms,
+    open_plane,
+    print_event,
+    shown,
+)
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    """Create, upgrade or adopt the schema; create the key file when no keys exist yet."""
+    url = database_url(args, must_exist=False)
+    upgrade(url, args.revision)
+    revision = current_revision(url)
+    created = None
+    key_file = Path(args.key_file) if args.key_file else default_key_file()
+    if ENCRYPTION_KEY_VARIABLE not in os.environ and not os.path.lexists(key_file):
+        created = str(generate_key_file(key_file))
+    message = f"database {shown(url)} is at revision {revision}"
+    if created:
+        message += f"\ncreated key file {created} (mode 0600)"
+    emit(args, {"database": shown(url), "revision": revision, "created_key_file": created}, message)
+    return EXIT_OK
+
+
+def cmd_db_downgrade(args: argparse.Namespace) -> int:
+    """Downgrade the schema to a revision."""
+    url = database_url(args)
+    downgrade(url, args.revision)
+    revision = current_revision(url)
+    emit(args, {"database": shown(url), "revision": revision},
+          f"database {shown(url)} is at revision {revision or 'base (no admission tables)'}")
+    return EXIT_OK
+
+
+def cmd_db_current(args: argparse.Namespace) -> int:
+    """Print the database's revision and the head."""
+    url = database_url(args)
+    revision = current_revision(url)
+    state = "head" if revision == HEAD_REVISION else ("not migrated" if revision is None else "behind head")
+    emit(args, {"database": shown(url), "revision": revision, "head": HEAD_REVISION},
+          f"{revision or 'none'} ({state}; head is {HEAD_REVISION})")
+    return EXIT_OK
+
+
+def cmd_db_check(args: argparse.Namespace) -> int:
+    """Compare the schema with the model and run the integrity check (exit 1 on drift)."""
+    url = database_url(args)
+    assert_migrated(url)
+    try:
+        config = alembic_config(url=url)
+        config.stdout = io.StringIO()  # alembic prints its own verdict; we print ours
+        command.check(config)
+    except CommandError as error:
+        raise CommandFailed(f"schema differs from the model: {first_line(error)}", EXIT_FOUND_PROBLEM) from None
+    engine = create_admission_engine(url)
+    try:
+        with engine.connect() as connection:
+            try:
+                check_schema(connection)
+            except AdmissionError as error:
+                raise CommandFailed(str(error), EXIT_FOUND_PROBLEM) from None
+            finally:
+                connection.rollback()
+    finally:
+        engine.dispose()
+    emit(args, {"database": shown(url), "ok": True},
+          f"database {shown(url)} is at head and matches the schema contract")
+    return EXIT_OK
+
+
+def cmd_keys_init(args: argparse.Namespace) -> int:
+    """Create a key file with two fresh keys (never printed)."""
+    path = generate_key_file(Path(args.key_file) if args.key_file else default_key_file())
+    emit(args, {"key_file": str(path)}, f"created key file {path} (mode 0600)")
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print queue, seats, leases, cooldowns and drain state."""
+    plane = open_plane(args)
+    try:
+        status = read_status(plane.engine, now_ms())
+    finally:
+        plane.close()
+    if args.json:
+        emit(args, status.as_json(), "")
+        return EXIT_OK
+    seats_of = (
+        f"{status.durable_policy[0]} (durable policy)"
+        if status.durable_policy is not None
+        else f"{Policy().max_active_turns} (default policy; no durable policy claimed)"
+    )
+    lines = [
+        f"queue depth      {status.queue_depth} ({status.queued_with_payload} with payload)",
+        f"oldest wait      {duration(status.oldest_wait_ms)}",
+        f"seats in use     {status.seats_in_use} of {seats_of}",
+        "leases by phase  " + (", ".join(
+            f"{phase} {count}" + (f" ({status.suspects_by_phase[phase]} suspect)"
+                                   if phase in status.suspects_by_phase else "")
+            for phase, count in sorted(status.leases_by_phase.items())
+        ) or "none"),
+        "cooldowns        " + (", ".join(
+            f"{provider}/{model} {duration(not_before - status.now)} left"
+            for provider, model, not_before in status.cooldowns
+        ) or "none"),
+        f"drain state      {status.drain_state or 'steady (no durable policy)'}",
+        "requests         " + (", ".join(f"{state} {count}" for state, count in status.requests_by_state.items())
+                               or "none"),
+        f"events           {status.event_count} (last seq {status.last_event_seq})",
+    ]
+    print("\n".join(lines), flush=True)
+    return EXIT_OK
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    """Print the journal, oldest first (``--follow`` until interrupted)."""
+    plane = open_plane(args)
+    stop = interruptible()
+    after = args.after
+    try:
+        while True:
+            page = plane.read_sanitized_events(after_event_seq=after, limit=args.limit)
+            for event in page:
+                print_event(args, event)
+                after = event.event_seq
+            if not args.follow:
+                if not args.json and len(page) == args.limit:
+                    print(f"(more: --after {after})", flush=True)
+                return EXIT_OK
+            if len(page) < args.limit and stop.wait(args.interval):
+                return EXIT_OK
+    finally:
+        plane.close()
+
+
+def cmd_reap(args: argparse.Namespace) -> int:
+    """Run one reaper pass with this host's ``/proc`` evidence."""
+    plane = open_plane(args, keys=True)
+    try:
+        summary = plane.reap_suspects(now_ms())
+    finally:
+        plane.close()
+    data = attrs.asdict(summary)
+    emit(args, data, "reaper pass: " + ", ".join(f"{name.replace('_', ' ')} {value}" for name, value in data.items()))
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Run the demo (see :mod:`admission_plane.demo`)."""
+    from ..demo import DemoOptions, run_demo  # the demo's worker machinery loads only when asked for
+
+    options = DemoOptions(
+        agents=args.agents,
+        turns=args.turns,
+        seats=args.seats,
+        starts=args.starts,
+        start_interval_ms=args.start_interval_ms,
+        cooldown_ms=args.cooldown_ms,
+        models=tuple(args.models.split(",")),
+        provider_ms=(args.provider_min_ms, args.provider_max_ms),
+        capacity_fault=not args.no_capacity_fault,
+        kill_fault=not args.no_kill_fault,
+        database=args.db,
+        key_file=args.key_file,
+        json_summary=args.json,
+        progress=args.progress,
+    )
+    return run_demo(options)
+
+

@@ -1,0 +1,188 @@
+"""Admission: which request gets the next seat, and what a waiting connector waits for.
+
+The rule, in order: time out expired requests; refuse while capacity is full (seats,
+concurrent starts, the minimum start interval and the recent-reservation rule); then take
+the oldest queued request with a payload whose provider/model is not cooling down,
+preferring agents that hold no seat (the two ``SELECT_CANDIDATE_*`` statements). The
+admission transaction applies it; a waiter's *look* reads the same facts without the
+write lock and says what could change the answer (:class:`Wake`).
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+
+import attrs
+
+from .. import _validate as v
+from ..states import EventKind, RequestState
+from ..store.doorbell import EVERYONE_STEP, Chimes
+from ..store.rows import Candidate
+from ..store.statements.admission import (
+    AGENT_HOLDS_SEAT,
+    ANY_EXPIRED,
+    COOLDOWN_UNTIL,
+    COUNT_IDLE_AGENTS_AHEAD,
+    COUNT_SEAT_LEASES,
+    COUNT_START_WINDOW_LEASES,
+    LATEST_RESERVATION,
+    RECENT_RESERVATION,
+    RECENT_START,
+    SELECT_CANDIDATE_ANY,
+    SELECT_CANDIDATE_IDLE_AGENT,
+    SELECT_EXPIRED,
+    WAITER_ENTRY,
+)
+from ..store.statements.leases import LATEST_START
+from ..store.statements.policy import SELECT_POLICY
+from ..store.statements.requests import SELECT_REQUEST_STATUS
+from ..store.tx import Tx
+from ..values import AdmittedLease
+from . import _policy
+from ._context import PlaneContext
+from ._transitions import NewLease, QueuedRequest, change
+
+S = RequestState
+
+
+@attrs.frozen
+class Wake:
+    """What a waiting connector waits for before its next admission look (see ``store.doorbell``).
+
+    ``queue``: that many requests must leave the queue first (0: departures do not
+    matter); ``seats``/``starts``: a freed seat / start slot; ``at``: a plane-clock time
+    after which time alone may change the answer. A change for everyone always counts.
+    """
+
+    queue: int = 0
+    seats: bool = False
+    starts: bool = False
+    at: int | None = None
+
+    def rung(self, seen: Chimes, current: Chimes) -> bool:
+        """Whether the counters moved from ``seen`` to ``current`` in a way this waiter cares about."""
+        moved = current.since(seen)
+        return (
+            min(moved.queue, moved.seats, moved.starts) >= EVERYONE_STEP
+            or (self.queue > 0 and moved.queue >= self.queue)
+            or (self.seats and moved.seats > 0)
+            or (self.starts and moved.starts > 0)
+        )
+
+
+class Verdict(enum.Enum):
+    """A look's answer when waiting is over."""
+
+    WRITE = "an admission attempt may succeed now"
+
+
+def admit_next(ctx: PlaneContext, now: int, owner_instance_id: str) -> AdmittedLease | None:
+    """Admit the rule's choice, or ``None`` when nothing may start now."""
+    v.identifier(owner_instance_id, "admission owner instance ID")
+    v.timestamp(now, "admission timestamp")
+    return ctx.run(lambda tx: admit_in_transaction(ctx, tx, now, owner_instance_id, None))
+
+
+def admit_request(
+    ctx: PlaneContext, request_id: str, now: int, owner_instance_id: str, *, plan_wait: bool = True
+) -> tuple[AdmittedLease | None, Wake | None]:
+    """Admit ``request_id`` only if the rule would choose exactly it now; else what to wait for.
+
+    The wake is ``None`` when the request is no longer queued (nothing to wait for).
+    Without ``plan_wait`` the look stops as soon as it knows the answer is "not now", and
+    the returned wake is a plain "look again".
+    """
+    v.identifier(request_id, "admission request ID")
+    v.identifier(owner_instance_id, "admission owner instance ID")
+    v.timestamp(now, "admission timestamp")
+    # A read-only look first: with nothing to time out and ``request_id`` not the one the
+    # rule would admit now, the attempt is a no-op, so waiting connectors look without
+    # taking the write lock. The writing transaction re-checks everything, so the look
+    # is only an optimisation, never a decision.
+    wake = ctx.run(lambda tx: look(ctx, tx, request_id, now, plan_wait), read_only=True)
+    if not isinstance(wake, Verdict):
+        return None, wake
+    lease = ctx.run(lambda tx: admit_in_transaction(ctx, tx, now, owner_instance_id, request_id))
+    # Lost a race (or something timed out meanwhile): look again after one short step.
+    return lease, None if lease is not None else Wake(at=now)
+
+
+def admit_in_transaction(
+    ctx: PlaneContext, tx: Tx, now: int, owner_instance_id: str, only_request_id: str | None
+) -> AdmittedLease | None:
+    """Time out expired requests, then admit the rule's choice (only if it is ``only_request_id``, when given)."""
+    expire_queued(ctx, tx, now)
+    if capacity_block(ctx, tx, now) is not None:
+        return None
+    candidate = select_candidate(tx, now)
+    if candidate is None or (only_request_id is not None and candidate.request_id != only_request_id):
+        return None
+    lease = NewLease(str(uuid.uuid4()), candidate.request_id, candidate.lease_generation + 1, owner_instance_id)
+    change(ctx, tx, lease, EventKind.REQUEST_ADMITTED, S.ADMITTED, now)
+    return AdmittedLease(lease.lease_id, lease.request_id, lease.generation, owner_instance_id)
+
+
+def look(ctx: PlaneContext, tx: Tx, request_id: str, now: int, plan_wait: bool = True) -> Wake | Verdict | None:
+    """``Verdict.WRITE`` if an admission attempt may succeed now; else what could change that
+    (``None``: the request is not queued any more)."""
+    if tx.exists(ANY_EXPIRED, {"now": now}):
+        return Verdict.WRITE
+    candidate = select_candidate(tx, now)
+    if candidate is not None and candidate.request_id == request_id:
+        block = capacity_block(ctx, tx, now, plan_wait=plan_wait)
+        return Verdict.WRITE if block is None else block
+    if not plan_wait:
+        return Wake()
+    entry = tx.one(WAITER_ENTRY, {"request_id": request_id})
+    if entry is None:
+        status = tx.one(SELECT_REQUEST_STATUS, {"request_id": request_id})
+        # Queued without a payload: only ``persist_payload`` (or the fallback) helps.
+        return Wake() if status is not None and status.state == S.QUEUED else None
+    params = {"provider": entry.provider, "model": entry.model, "now": now}
+    cooling_until = tx.scalar(COOLDOWN_UNTIL, params)
+    if cooling_until is not None:
+        return Wake(at=cooling_until)
+    if tx.exists(AGENT_HOLDS_SEAT, {"agent_id": entry.agent_id}):
+        # Picked only when no idle agent's request is eligible, or once our agent's seat is freed.
+        return Wake(queue=1, seats=True)
+    # Each request leaving the queue makes at most one more agent busy or absent, so the
+    # idle agents ahead of us can shrink by at most one per departure.
+    ahead = tx.scalar(COUNT_IDLE_AGENTS_AHEAD, {"enqueued_at": entry.enqueued_at, "request_id": request_id, "now": now})
+    return Wake(queue=max(1, ahead or 0))
+
+
+def expire_queued(ctx: PlaneContext, tx: Tx, now: int) -> None:
+    """Time out every queued request past its deadline (each one a departure from the queue)."""
+    for request_id in tx.column(SELECT_EXPIRED, {"now": now}):
+        change(ctx, tx, QueuedRequest(request_id), EventKind.REQUEST_QUEUE_TIMED_OUT, S.QUEUE_TIMEOUT, now)
+
+
+def capacity_block(ctx: PlaneContext, tx: Tx, now: int, *, plan_wait: bool = False) -> Wake | None:
+    """``None`` if a seat may be taken now; else what could free one.
+
+    Only with ``plan_wait`` does it look up when the start interval ends (two more
+    statements that the admission transaction itself has no use for).
+    """
+    seats = _policy.seat_limit(ctx, tx.one(SELECT_POLICY))
+    # ``queue=1`` too: while capacity is full a departure is rare (a cancellation, a
+    # time-out), and it may be this very request, which ends the wait. A drain in progress
+    # completes when the last seat is freed.
+    if seats is None or (tx.scalar(COUNT_SEAT_LEASES) or 0) >= seats:
+        return Wake(queue=1, seats=True)
+    if (tx.scalar(COUNT_START_WINDOW_LEASES) or 0) >= ctx.policy.max_concurrent_starts:
+        return Wake(queue=1, starts=True)
+    interval = ctx.policy.min_start_interval_ms
+    cutoff = {"cutoff": now - interval}
+    if not tx.exists(RECENT_START, cutoff) and not tx.exists(RECENT_RESERVATION, cutoff):
+        return None
+    if not plan_wait:
+        return Wake(queue=1, starts=True)
+    latest = max(tx.scalar(LATEST_START) or 0, tx.scalar(LATEST_RESERVATION) or 0)
+    return Wake(queue=1, starts=True, at=max(now + 1, latest + interval))
+
+
+def select_candidate(tx: Tx, now: int) -> Candidate | None:
+    """The request the rule admits next, if any (capacity aside)."""
+    params = {"now": now}
+    return tx.one(SELECT_CANDIDATE_IDLE_AGENT, params) or tx.one(SELECT_CANDIDATE_ANY, params)

@@ -1,0 +1,131 @@
+"""What every operation of a plane needs: its engine, policy, keys, clock and identity.
+
+The façade (:class:`admission_plane.AdmissionPlane`) builds one :class:`PlaneContext` and
+hands it to the job modules of this package; each public operation is one call of
+:meth:`PlaneContext.run`, which runs one unit of work.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+import attrs
+from sqlalchemy import Engine
+
+from ..clock import Clock
+from ..crypto import EventCorrelator, SecretKey
+from ..errors import AdmissionStateError, MissingKeyError
+from ..evidence import ConnectorIdentity
+from ..policy import Policy
+from ..store.doorbell import Doorbell, ListeningDoorbell
+from ..store.tx import Tx
+from ..store.unit_of_work import run
+
+T = TypeVar("T")
+
+
+@attrs.frozen
+class FaultInjection:
+    """Test hooks. ``after_process_identity_persisted`` runs inside the dispatch-intent
+    transaction after the identity row is written; if it raises, the transaction rolls back
+    and the call reports ``transaction_fault``."""
+
+    after_process_identity_persisted: Callable[[], object] | None = None
+
+
+class PlaneKeys:
+    """The plane's copies of its two keys; :meth:`wipe` zero-fills them."""
+
+    __slots__ = ("_content", "_correlate", "_encryption")
+
+    def __init__(self, encryption_key: bytes | None, content_fingerprint_key: bytes | None) -> None:
+        self._encryption = None if encryption_key is None else SecretKey(encryption_key, "encryption")
+        self._content = (
+            None if content_fingerprint_key is None else SecretKey(content_fingerprint_key, "content fingerprint")
+        )
+        self._correlate = None if self._content is None else EventCorrelator(self._content)
+
+    @property
+    def encryption(self) -> SecretKey | None:
+        """The payload key, if the plane has one."""
+        return self._encryption
+
+    @property
+    def content(self) -> SecretKey | None:
+        """The content, policy and journal HMAC key, if the plane has one."""
+        return self._content
+
+    def require_encryption(self) -> SecretKey:
+        """The payload key; :class:`MissingKeyError` without one."""
+        if self._encryption is None:
+            raise MissingKeyError("payload persistence requires an encryption key")
+        return self._encryption
+
+    def require_content(self) -> SecretKey:
+        """The HMAC key; :class:`MissingKeyError` without one."""
+        if self._content is None:
+            raise MissingKeyError("admission event correlation requires a content fingerprint key")
+        return self._content
+
+    def correlation(self, request_id: str) -> str:
+        """The journal's correlation HMAC of ``request_id``."""
+        self.require_content()
+        assert self._correlate is not None  # set together with the content key
+        return self._correlate(request_id)
+
+    def wipe(self) -> None:
+        """Zero-fill both keys and the correlator's cache."""
+        for key in (self._encryption, self._content):
+            if key is not None:
+                key.wipe()
+        if self._correlate is not None:
+            self._correlate.forget()
+
+
+class PlaneContext:
+    """One plane's configuration and resources, shared by its job modules (thread-safe)."""
+
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        owns_engine: bool,
+        policy: Policy,
+        keys: PlaneKeys,
+        owner_identity: ConnectorIdentity,
+        host_id: str,
+        clock: Clock,
+        faults: FaultInjection,
+        doorbell: Doorbell | ListeningDoorbell | None,
+    ) -> None:
+        self.engine = engine
+        self.policy = policy
+        self.keys = keys
+        self.owner_identity = owner_identity
+        self.host_id = host_id
+        self.clock = clock
+        self.faults = faults
+        self.doorbell = doorbell
+        self._owns_engine = owns_engine
+        self._closed = False
+        self._close_lock = threading.Lock()
+
+    def run(self, work: Callable[[Tx], T], *, read_only: bool = False) -> T:
+        """Run ``work`` in one unit of work (see :func:`admission_plane.store.unit_of_work.run`)."""
+        if self._closed:
+            raise AdmissionStateError("admission plane is closed")
+        return run(self.engine, work, read_only=read_only)
+
+    def close(self) -> None:
+        """Wipe the keys, stop the doorbell and release the engine if the plane created it. Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.keys.wipe()
+        if self.doorbell is not None:
+            self.doorbell.close()
+        if self._owns_engine:
+            self.engine.dispose()

@@ -1,0 +1,188 @@
+"""Entering the queue: a request's metadata, the connector that enqueued it, and leaving before admission."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from .. import _validate as v
+from ..errors import AdmissionConflictError, AdmissionStateError, InvalidInputError, UnknownRequestError
+from ..evidence import ConnectorIdentity
+from ..states import ABSENT, EventKind, RequestState
+from ..store.rows import RequestMeta, RequestStatus
+from ..store.statements.requests import (
+    BIND_QUEUED_OWNER,
+    INSERT_QUEUED_OWNER,
+    INSERT_REQUEST,
+    LEASE_EXISTS_FOR_REQUEST,
+    SELECT_QUEUED_OWNER,
+    SELECT_REQUEST_META,
+    SELECT_REQUEST_STATUS,
+)
+from ..store.tx import Tx
+from ..values import EnqueueResult
+from . import _journal
+from ._context import PlaneContext
+from ._transitions import QueuedRequest, change
+
+S = RequestState
+
+
+@attrs.frozen
+class Metadata:
+    """A request's immutable metadata, validated."""
+
+    request_id: str
+    session_id: str
+    agent_id: str
+    fingerprint: str
+    provider: str
+    model: str
+
+    @property
+    def stored(self) -> RequestMeta:
+        """As :data:`SELECT_REQUEST_META` returns it, to compare with a stored request."""
+        return RequestMeta(self.session_id, self.agent_id, self.fingerprint, self.provider, self.model)
+
+
+def metadata(
+    request_id: str, session_id: str, agent_id: str, fingerprint: str, provider: str, model: str, now: int
+) -> Metadata:
+    """Validate an enqueue's arguments in the original's order (each failure its own message)."""
+    for label, value in (
+        ("request_id", request_id),
+        ("session_id", session_id),
+        ("fingerprint", fingerprint),
+        ("provider", provider),
+        ("model", model),
+    ):
+        v.metadata_text(value, label)
+    if not isinstance(agent_id, str):
+        raise InvalidInputError("invalid request metadata agent_id")
+    v.identifier(agent_id, "request metadata agent_id")
+    if not v.is_safe_integer(now) or now < 0:
+        raise InvalidInputError("invalid request timestamp")
+    # The original reports this through its journal, after the other checks, before any write.
+    v.identifier(request_id, "event correlation input")
+    return Metadata(request_id, session_id, agent_id, fingerprint, provider, model)
+
+
+def owner(ctx: PlaneContext, owner_identity: ConnectorIdentity | None) -> ConnectorIdentity:
+    """The connector an enqueue binds the request to (default: this plane's)."""
+    if owner_identity is None:
+        return ctx.owner_identity
+    if not isinstance(owner_identity, ConnectorIdentity):
+        raise InvalidInputError("owner identity must be a ConnectorIdentity")
+    return owner_identity
+
+
+def enqueue(ctx: PlaneContext, meta: Metadata, connector: ConnectorIdentity, now: int) -> EnqueueResult:
+    """Queue a request without a payload (idempotent for the same metadata)."""
+    ctx.keys.require_content()
+
+    def work(tx: Tx) -> EnqueueResult:
+        result = insert_request(ctx, tx, meta, now)
+        bind_owner(ctx, tx, meta.request_id, connector, now, result.existed)
+        return result
+
+    return ctx.run(work)
+
+
+def insert_request(ctx: PlaneContext, tx: Tx, meta: Metadata, now: int) -> EnqueueResult:
+    """Insert the request (``absent -> queued``), or accept an exact replay of it."""
+    existing = tx.one(SELECT_REQUEST_META, {"request_id": meta.request_id})
+    if existing is not None:
+        if existing != meta.stored:
+            raise AdmissionConflictError()
+        return EnqueueResult(meta.request_id, True)
+    tx.execute(INSERT_REQUEST, {**attrs.asdict(meta), "now": now, "deadline_at": now + ctx.policy.queue_timeout_ms})
+    _journal.record(ctx, tx, EventKind.REQUEST_ENQUEUED, meta.request_id, ABSENT, S.QUEUED, now)
+    return EnqueueResult(meta.request_id, False)
+
+
+def bind_owner(
+    ctx: PlaneContext,
+    tx: Tx,
+    request_id: str,
+    connector: ConnectorIdentity,
+    now: int,
+    request_existed: bool,
+    status: RequestStatus | None = None,
+) -> None:
+    """Record ``connector`` and bind the queued request to it (so its death can be settled).
+
+    ``status`` is the request's row when the caller already read and checked it here.
+    """
+    stored = tx.one(SELECT_QUEUED_OWNER, {"owner_instance_id": connector.owner_instance_id})
+    values = _owner_values(connector)
+    if stored is None:
+        tx.execute(INSERT_QUEUED_OWNER, {**values, "now": now, "host_id": ctx.host_id})
+    elif attrs.asdict(stored) != values:
+        raise AdmissionConflictError()
+    if status is None:
+        status = require_queued(tx, request_id)
+    if status.queued_owner_instance_id == connector.owner_instance_id:
+        return
+    if status.queued_owner_instance_id is not None:
+        # Another connector enqueued it first; a replay keeps that first binding.
+        if request_existed:
+            return
+        raise AdmissionConflictError()
+    params = {"request_id": request_id, "owner_instance_id": connector.owner_instance_id, "now": now}
+    if tx.execute(BIND_QUEUED_OWNER, params) != 1:
+        raise AdmissionConflictError()
+
+
+def require_queued(tx: Tx, request_id: str) -> RequestStatus:
+    """The request's status; refuses an unknown or no longer queued request."""
+    status = tx.one(SELECT_REQUEST_STATUS, {"request_id": request_id})
+    if status is None:
+        raise UnknownRequestError()
+    if status.state != S.QUEUED:
+        raise AdmissionStateError("request is no longer queued")
+    return status
+
+
+def cancel_queued(ctx: PlaneContext, request_id: str, now: int) -> None:
+    """Cancel a request that is still queued."""
+    v.identifier(request_id, "cancel request ID")
+    v.timestamp(now, "cancel timestamp")
+
+    def work(tx: Tx) -> None:
+        require_queued(tx, request_id)
+        change(ctx, tx, QueuedRequest(request_id), EventKind.REQUEST_CANCELLED, S.CANCELLED, now)
+
+    ctx.run(work)
+
+
+def settle_owner_death(ctx: PlaneContext, request_id: str, owner_instance_id: str, now: int) -> bool:
+    """Cancel a queued request whose (proved dead) owner enqueued it; ``False`` if anything changed meanwhile."""
+    v.identifier(request_id, "queued owner request ID")
+    v.identifier(owner_instance_id, "queued owner instance ID")
+    v.timestamp(now, "queued owner death timestamp")
+
+    def work(tx: Tx) -> bool:
+        status = tx.one(SELECT_REQUEST_STATUS, {"request_id": request_id})
+        if status is None or status.state != S.QUEUED or status.queued_owner_instance_id != owner_instance_id:
+            return False
+        if tx.exists(LEASE_EXISTS_FOR_REQUEST, {"request_id": request_id}):
+            return False
+        return change(ctx, tx, QueuedRequest(request_id), EventKind.QUEUED_OWNER_DEAD, S.CANCELLED, now)
+
+    return ctx.run(work)
+
+
+def _owner_values(connector: ConnectorIdentity) -> dict[str, Any]:
+    process = connector.process
+    return {
+        "owner_instance_id": connector.owner_instance_id,
+        "created_at": connector.created_at,
+        "boot_id": process.boot_id,
+        "pid": process.pid,
+        "start_time_ticks": process.start_time_ticks,
+        "pid_namespace_inode": process.pid_namespace_inode,
+        "ppid": process.ppid,
+        "pgrp": process.pgrp,
+        "session": process.session,
+    }

@@ -1,0 +1,377 @@
+"""``AdmissionService``: every public operation of the plane, each a one-line call into its job module."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from sqlalchemy import Engine
+from sqlalchemy.engine import URL
+
+from .. import _validate as v
+from ..clock import Clock, wall_clock_ms
+from ..errors import InvalidInputError
+from ..evidence import ConnectorIdentity
+from ..host import default_host_id
+from ..policy import Policy
+from ..states import EventKind, RequestState, SuspectReason
+from ..store.doorbell import open_doorbell
+from ..store.engine import create_admission_engine
+from ..store.schema_check import check_schema, schema_version
+from ..values import (
+    AdmittedLease,
+    DispatchIntentResult,
+    DispatchRecord,
+    EnqueueResult,
+    LeaseFence,
+    LiveTurnCompletion,
+    QueueSnapshot,
+    RecoverableDispatch,
+    RecoverableQueuedOwner,
+    SanitizedEvent,
+    StoredRequest,
+)
+from . import _admission, _dispatch, _enqueue, _journal, _lifecycle, _payloads, _policy, _reads, _waiting
+from ._context import FaultInjection, PlaneContext, PlaneKeys
+
+S, K = RequestState, EventKind
+Fence = LeaseFence | AdmittedLease
+
+
+class AdmissionService:
+    """A durable, cross-process admission plane for agent turns (the operations; see :class:`AdmissionPlane`).
+
+    Open it on a database URL (``sqlite:///path`` or ``postgresql+psycopg://...``), a
+    filesystem path (an SQLite file) or an :class:`~sqlalchemy.Engine`. The schema must be
+    at Alembic head (``alembic upgrade head``) unless ``migrate=True``; the integrity check
+    runs on open and refuses a drifted database with
+    :class:`~admission_plane.errors.SchemaIntegrityError`.
+
+    Keys are 32 bytes: ``encryption_key`` seals payloads, ``content_fingerprint_key``
+    keys the content, policy and journal HMACs (journalled operations need it). The plane
+    copies them and wipes its copies on :meth:`close`. ``host_id`` names this host in
+    recorded evidence (default: :func:`admission_plane.host.default_host_id`).
+
+    Every operation is one transaction and takes the time (``now``, integer milliseconds)
+    from the caller. Thread-safe: each operation checks out its own connection.
+    """
+
+    def __init__(
+        self,
+        database: str | os.PathLike[str] | URL | Engine,
+        *,
+        policy: Policy | None = None,
+        encryption_key: bytes | None = None,
+        content_fingerprint_key: bytes | None = None,
+        owner_identity: ConnectorIdentity | None = None,
+        fault_injection: FaultInjection | None = None,
+        migrate: bool = False,
+        clock: Clock = wall_clock_ms,
+        host_id: str | None = None,
+    ) -> None:
+        policy = Policy() if policy is None else policy
+        if not isinstance(policy, Policy):
+            raise InvalidInputError("policy must be an admission_plane.Policy")
+        keys = PlaneKeys(encryption_key, content_fingerprint_key)
+        if fault_injection is not None and not isinstance(fault_injection, FaultInjection):
+            raise InvalidInputError("fault injection must be a FaultInjection")
+        if owner_identity is None:
+            owner_identity = ConnectorIdentity.capture()
+        elif not isinstance(owner_identity, ConnectorIdentity):
+            raise InvalidInputError("owner identity must be a ConnectorIdentity")
+        host = default_host_id() if host_id is None else v.identifier(host_id, "host ID")
+        owns = not isinstance(database, Engine)
+        engine = create_admission_engine(database) if not isinstance(database, Engine) else database
+        self._ctx = PlaneContext(
+            engine=engine,
+            owns_engine=owns,
+            policy=policy,
+            keys=keys,
+            owner_identity=owner_identity,
+            host_id=host,
+            clock=clock,
+            faults=fault_injection or FaultInjection(),
+            doorbell=open_doorbell(engine),
+        )
+        try:
+            self._open_schema(migrate)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_schema(self, migrate: bool) -> None:
+        if migrate:
+            from ..migrate import upgrade
+
+            upgrade(self.engine)
+        with self.engine.connect() as connection:
+            check_schema(connection)
+
+    # --- the plane itself ----------------------------------------------------------------------
+
+    @property
+    def engine(self) -> Engine:
+        """The SQLAlchemy engine the plane runs on."""
+        return self._ctx.engine
+
+    @property
+    def policy(self) -> Policy:
+        """This plane's policy (a durable policy, once claimed, decides the seat count)."""
+        return self._ctx.policy
+
+    @property
+    def owner_identity(self) -> ConnectorIdentity:
+        """The connector identity this plane records as the owner of what it enqueues and admits."""
+        return self._ctx.owner_identity
+
+    @property
+    def host_id(self) -> str:
+        """The host this plane records in process evidence."""
+        return self._ctx.host_id
+
+    @property
+    def schema_version(self) -> int:
+        """The original's ledger version (``MAX(version)`` of ``schema_migrations``; 0 without one)."""
+        return schema_version(self.engine)
+
+    def close(self) -> None:
+        """Wipe the key copies and release the engine (if the plane created it). Idempotent."""
+        self._ctx.close()
+
+    def __enter__(self) -> AdmissionService:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.engine.url.render_as_string(hide_password=True)} {self.policy}>"
+
+    # --- the queue -----------------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        *,
+        request_id: str,
+        session_id: str,
+        agent_id: str,
+        fingerprint: str,
+        provider: str,
+        model: str,
+        now: int,
+        owner_identity: ConnectorIdentity | None = None,
+    ) -> EnqueueResult:
+        """Queue a request without a payload (it is not admissible until one is persisted).
+
+        Replaying the same metadata is idempotent (``existed=True``); different metadata
+        for the same id raises :class:`~admission_plane.errors.AdmissionConflictError`.
+        """
+        meta = _enqueue.metadata(request_id, session_id, agent_id, fingerprint, provider, model, now)
+        return _enqueue.enqueue(self._ctx, meta, _enqueue.owner(self._ctx, owner_identity), now)
+
+    def enqueue_with_payload(
+        self,
+        *,
+        request_id: str,
+        session_id: str,
+        agent_id: str,
+        fingerprint: str,
+        provider: str,
+        model: str,
+        now: int,
+        plaintext: str,
+        expires_at: int,
+        owner_identity: ConnectorIdentity | None = None,
+    ) -> EnqueueResult:
+        """Queue a request and its sealed prompt atomically.
+
+        The same request with the same prompt is idempotent; with a different prompt it
+        raises :class:`~admission_plane.errors.PayloadConflictError` and changes nothing.
+        """
+        _payloads.check_expiry(now, expires_at)
+        meta = _enqueue.metadata(request_id, session_id, agent_id, fingerprint, provider, model, now)
+        connector = _enqueue.owner(self._ctx, owner_identity)
+        return _payloads.enqueue_with_payload(self._ctx, meta, connector, now, plaintext, expires_at)
+
+    def persist_payload(self, request_id: str, plaintext: str, now: int, expires_at: int) -> None:
+        """Attach a sealed prompt to a queued request (idempotent for the same prompt)."""
+        _payloads.persist(self._ctx, request_id, plaintext, now, expires_at)
+
+    def read_payload(self, request_id: str, now: int) -> str:
+        """Decrypt a request's prompt for the dispatch write.
+
+        At or after its expiry the payload is deleted (durably) and
+        :class:`~admission_plane.errors.PayloadExpiredError` is raised; afterwards, or once
+        the request went ``active`` or terminal, the read raises ``no payload is available``.
+        """
+        return _payloads.read(self._ctx, request_id, now)
+
+    def cancel_queued(self, request_id: str, now: int) -> None:
+        """Cancel a request that is still queued (after admission, cancelling needs evidence)."""
+        _enqueue.cancel_queued(self._ctx, request_id, now)
+
+    def get_queue_snapshot(self, request_id: str, now: int) -> QueueSnapshot | None:
+        """Where a queued request stands; ``None`` if it is unknown, not queued or has no payload."""
+        return _reads.queue_snapshot(self._ctx, request_id, now)
+
+    # --- admission -----------------------------------------------------------------------------
+
+    def admit_next(self, now: int, owner_instance_id: str) -> AdmittedLease | None:
+        """Admit the next eligible request, or return ``None`` when nothing may start now.
+
+        The rule: capacity first (seats, concurrent starts, the minimum start interval and
+        the recent-reservation rule), then the oldest queued request with a payload whose
+        provider/model is not cooling down, preferring agents that hold no seat.
+        """
+        return _admission.admit_next(self._ctx, now, owner_instance_id)
+
+    def admit_request(self, request_id: str, now: int, owner_instance_id: str) -> AdmittedLease | None:
+        """Admit ``request_id`` only if the global rule would choose exactly it now; never jumps the queue."""
+        return _admission.admit_request(self._ctx, request_id, now, owner_instance_id, plan_wait=False)[0]
+
+    def wait_for_admission(
+        self,
+        request_id: str,
+        owner_instance_id: str,
+        *,
+        timeout_ms: int | None = None,
+        initial_delay_ms: float = 1.0,
+        max_delay_ms: float = 4.0,
+        sleep: Callable[[float], object] = time.sleep,
+        on_wait: Callable[[int], object] | None = None,
+        fallback_ms: int = _waiting.DOORBELL_FALLBACK_MS,
+    ) -> AdmittedLease | None:
+        """Wait until ``request_id`` is admitted; ``None`` on timeout or once the request is no
+        longer queued (timed out, cancelled, settled).
+
+        The wait is driven by the database's doorbell (see :mod:`admission_plane.store.doorbell`):
+        between admission looks the waiter only reads a few counters, every
+        ``initial_delay_ms`` backing off to ``max_delay_ms`` (with jitter), and looks again
+        when a request ahead of it left the queue, a seat or start slot it waits for was
+        freed, a time it computed (end of a cooldown or of the start interval) has come, or
+        ``fallback_ms`` (default 250) have passed: lower it if programs that do not ring
+        (the original connector) free seats on the same database. Many waiters therefore
+        cost almost nothing, and a freed seat is taken within about ``initial_delay_ms``.
+        While there is no doorbell (a PostgreSQL listener still connecting) it polls the
+        look itself with the same back-off.
+
+        ``on_wait(now)`` is called after every look that did not admit (e.g. to show the
+        queue position). ``now`` comes from the plane's clock.
+        """
+        return _waiting.wait_for_admission(
+            self._ctx,
+            request_id,
+            owner_instance_id,
+            timeout_ms=timeout_ms,
+            initial_delay_ms=initial_delay_ms,
+            max_delay_ms=max_delay_ms,
+            sleep=sleep,
+            on_wait=on_wait,
+            fallback_ms=fallback_ms,
+        )
+
+    # --- the lease lifecycle -------------------------------------------------------------------
+
+    def mark_starting(self, fence: Fence, now: int) -> None:
+        """``admitted`` -> ``starting``, within the concurrent-start limit and the start interval."""
+        _lifecycle.mark_starting(self._ctx, _lifecycle.fence_of(fence), now)
+
+    def mark_dispatch_intent(self, fence: Fence, now: int) -> None:
+        """``starting`` -> ``dispatch_intent`` without process evidence (the reaper will never release it)."""
+        _lifecycle.move(self._ctx, _lifecycle.fence_of(fence), K.REQUEST_DISPATCH_INTENT, S.STARTING,
+                        S.DISPATCH_INTENT, now)  # fmt: skip
+
+    def mark_active(self, fence: Fence, now: int) -> None:
+        """``dispatch_intent`` -> ``active``; the payload is deleted in the same transaction."""
+        _lifecycle.move(self._ctx, _lifecycle.fence_of(fence), K.REQUEST_ACTIVE, S.DISPATCH_INTENT, S.ACTIVE, now)
+
+    def mark_dispatch_ambiguous(self, fence: Fence, now: int) -> None:
+        """``dispatch_intent`` -> ``dispatch_ambiguous``: capacity debt that is never requeued."""
+        _lifecycle.move(self._ctx, _lifecycle.fence_of(fence), K.REQUEST_DISPATCH_AMBIGUOUS, S.DISPATCH_INTENT,
+                        S.DISPATCH_AMBIGUOUS, now)  # fmt: skip
+
+    def abandon_before_prompt(self, fence: Fence, now: int, outcome: str) -> None:
+        """End a reserved turn the connector can prove never wrote its prompt (terminal, never a requeue)."""
+        _lifecycle.abandon_before_prompt(self._ctx, _lifecycle.fence_of(fence), now, outcome)
+
+    def mark_execution_recovery_required(self, fence: Fence, now: int) -> None:
+        """Retain an uncertain dispatch as visible capacity debt: the seat stays held, the payload is deleted."""
+        _lifecycle.mark_execution_recovery_required(self._ctx, _lifecycle.fence_of(fence), now)
+
+    def release_exited_recovery_seat(self, fence: Fence, now: int) -> None:
+        """Free the seat after connector, child and process group were all proved gone.
+
+        The request ends ``recovery_required`` and can never be replayed.
+        """
+        _lifecycle.release_exited_recovery_seat(self._ctx, _lifecycle.fence_of(fence), now)
+
+    def complete_live_turn(self, fence: Fence, now: int, completion: LiveTurnCompletion) -> None:
+        """Record an ``active`` turn's outcome and free its seat; a capacity failure cools its model down."""
+        _lifecycle.complete_live_turn(self._ctx, _lifecycle.fence_of(fence), now, completion)
+
+    def heartbeat(self, fence: Fence, now: int) -> None:
+        """Refresh the lease's heartbeat and clear any suspicion; :class:`LeaseFenceError` if not owned."""
+        _lifecycle.heartbeat(self._ctx, _lifecycle.fence_of(fence), now)
+
+    def mark_suspect(self, fence: Fence, now: int, reason: SuspectReason | str) -> bool:
+        """Mark a lease suspect (keeps the first ``suspect_since``); ``False`` if the fence matches nothing."""
+        return _lifecycle.mark_suspect(self._ctx, _lifecycle.fence_of(fence), now, reason)
+
+    def set_capacity_cooldown(self, provider: str, model: str, not_before: int, now: int) -> None:
+        """Hold back ``provider``/``model`` until ``not_before``; a cooldown is never shortened."""
+        _lifecycle.set_capacity_cooldown(self._ctx, provider, model, not_before, now)
+
+    # --- the dispatch intent -------------------------------------------------------------------
+
+    def record_process_identity(self, record: DispatchRecord | object) -> DispatchIntentResult:
+        """Persist verified process evidence and ``dispatch_intent`` in one transaction.
+
+        Returns ``recorded`` (``idempotent`` for an exact replay) or ``not_recorded`` with a
+        reason; never raises for contention or driver faults.
+        """
+        return _dispatch.as_recorded(_dispatch.persist(self._ctx, record))
+
+    def commit_dispatch_intent(self, record: DispatchRecord | object) -> DispatchIntentResult:
+        """Same transaction as :meth:`record_process_identity`, reported as ``committed``/``not_committed``."""
+        return _dispatch.persist(self._ctx, record)
+
+    # --- reads and recovery inventory ----------------------------------------------------------
+
+    def read_sanitized_events(self, *, after_event_seq: int = 0, limit: int = 100) -> tuple[SanitizedEvent, ...]:
+        """A page of the identifier-free journal, oldest first; tampered rows fail the whole read."""
+        return _journal.read_page(self._ctx, after_event_seq, limit)
+
+    def get_request(self, request_id: str) -> StoredRequest | None:
+        """A request's metadata and state, or ``None``."""
+        return _reads.get_request(self._ctx, request_id)
+
+    def list_recoverable_dispatches(self) -> tuple[RecoverableDispatch, ...]:
+        """Every seat-holding lease with its process evidence (or ``None``); never a payload.
+
+        Raises :class:`~admission_plane.errors.RecoverableDispatchInventoryError` if any
+        durable row cannot be trusted.
+        """
+        return _reads.recoverable_dispatches(self._ctx)
+
+    def list_recoverable_queued_owners(self) -> tuple[RecoverableQueuedOwner, ...]:
+        """Queued requests with the connector identity that enqueued them."""
+        return _reads.recoverable_queued_owners(self._ctx)
+
+    def settle_queued_owner_death(self, request_id: str, owner_instance_id: str, now: int) -> bool:
+        """Cancel a queued request whose (proved dead) owner enqueued it; ``False`` if anything changed meanwhile."""
+        return _enqueue.settle_owner_death(self._ctx, request_id, owner_instance_id, now)
+
+    # --- durable policy ------------------------------------------------------------------------
+
+    def claim_durable_policy(self, policy: Policy, owner_instance_id: str, now: int) -> None:
+        """Record ``policy`` as the plane's shared policy, or check that the recorded one matches it."""
+        _policy.claim(self._ctx, policy, owner_instance_id, now)
+
+    def assert_durable_policy_match(self, policy: Policy, owner_instance_id: str, now: int) -> None:
+        """Raise :class:`~admission_plane.errors.AdmissionRuntimeError` unless the durable policy equals ``policy``."""
+        _policy.assert_match(self._ctx, policy, owner_instance_id, now)
+
+    def begin_soft_drain_to_1(self, owner_instance_id: str, now: int) -> None:
+        """Start draining a steady three-seat policy to one seat (completes when no seat is held)."""
+        _policy.begin_soft_drain(self._ctx, owner_instance_id, now)

@@ -1,0 +1,63 @@
+"""The identifier-free journal: every state change appends one event; reading validates every row."""
+
+from __future__ import annotations
+
+from .. import _validate as v
+from ..errors import AdmissionStateError, InvalidInputError
+from ..states import EVENT_STATES, EventKind, is_allowed_transition
+from ..store.rows import EventRow
+from ..store.statements.journal import INSERT_EVENT, SELECT_EVENTS
+from ..store.tx import Tx
+from ..values import SanitizedEvent
+from ._context import PlaneContext
+
+_EVENT_KINDS = frozenset(str(member) for member in EventKind)
+MAX_PAGE = 1000
+
+
+def record(ctx: PlaneContext, tx: Tx, kind: str, request_id: str, from_state: str, to_state: str, now: int) -> None:
+    """Append ``kind(from_state -> to_state)`` for ``request_id`` (stored as its correlation HMAC only)."""
+    v.identifier(request_id, "event correlation input")
+    v.timestamp(now, "event timestamp")
+    if not is_allowed_transition(kind, from_state, to_state):
+        raise AdmissionStateError("admission event transition is not allowlisted")
+    tx.execute(
+        INSERT_EVENT,
+        {
+            "kind": str(kind),
+            "from_state": str(from_state),
+            "to_state": str(to_state),
+            "now": now,
+            "correlation_hmac": ctx.keys.correlation(request_id),
+        },
+    )
+
+
+def read_page(ctx: PlaneContext, after_event_seq: int, limit: int) -> tuple[SanitizedEvent, ...]:
+    """A page of the journal, oldest first; a tampered row fails the whole read."""
+    if not v.is_safe_integer(after_event_seq) or after_event_seq < 0:
+        raise InvalidInputError("sanitized event cursor must be a non-negative safe integer")
+    if not v.is_safe_integer(limit) or not 1 <= limit <= MAX_PAGE:
+        raise InvalidInputError("sanitized event page limit must be between 1 and 1000")
+    params = {"after": after_event_seq, "limit": limit}
+    rows = ctx.run(lambda tx: tx.all(SELECT_EVENTS, params), read_only=True)
+    return tuple(_sanitized(row) for row in rows)
+
+
+def _sanitized(row: EventRow) -> SanitizedEvent:
+    if not v.is_safe_integer(row.event_seq) or row.event_seq < 1:
+        raise AdmissionStateError("sanitized event journal contains an invalid sequence")
+    kind, from_state, to_state = row.kind, row.from_state, row.to_state
+    if kind not in _EVENT_KINDS or from_state not in EVENT_STATES or to_state not in EVENT_STATES:
+        raise AdmissionStateError("sanitized event journal contains a non-allowlisted transition")
+    if not v.is_safe_integer(row.occurred_at) or row.occurred_at < 0:
+        raise AdmissionStateError("sanitized event timestamp must be a non-negative safe integer")
+    if not _is_hex_digest(row.correlation_hmac):
+        raise AdmissionStateError("sanitized event journal contains an invalid correlation HMAC")
+    if not is_allowed_transition(kind, from_state, to_state):
+        raise AdmissionStateError("sanitized event journal contains a non-allowlisted transition")
+    return SanitizedEvent(row.event_seq, kind, from_state, to_state, row.occurred_at, row.correlation_hmac)
+
+
+def _is_hex_digest(value: object) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(char in "0123456789abcdef" for char in value)

@@ -1,0 +1,212 @@
+"""A lease from admission to its end: starting, active, the ways it gives its seat back, heartbeats.
+
+Each operation reads the fenced lease in its transaction, checks the phase it accepts
+(with the original's message), and applies one edge of the transition table through
+:func:`~admission_plane.service._transitions.change`. The dispatch intent, which also
+records process evidence, is :mod:`._dispatch`.
+"""
+
+from __future__ import annotations
+
+from .. import _validate as v
+from ..errors import AdmissionStateError, InvalidInputError, LeaseFenceError, UnknownLeaseError, UnknownRequestError
+from ..states import (
+    ABANDONABLE_PHASES,
+    EXECUTION_RECOVERY_PHASES,
+    RELEASABLE_PHASES,
+    EventKind,
+    FailureCategory,
+    RequestState,
+    SuspectReason,
+)
+from ..store.doorbell import Bell
+from ..store.rows import LeaseRow
+from ..store.statements.leases import (
+    COUNT_STARTING_LEASES,
+    DELETE_OLD_STARTS,
+    HEARTBEAT,
+    INSERT_START,
+    LATEST_START,
+    MARK_SUSPECT,
+    SELECT_LEASE,
+    UPSERT_COOLDOWN,
+)
+from ..store.statements.requests import SELECT_REQUEST_META
+from ..store.tx import Tx
+from ..values import AdmittedLease, LeaseFence, LiveTurnCompletion, abandon_outcome
+from ._context import PlaneContext
+from ._policy import complete_drain_if_settled
+from ._transitions import change
+
+S, K = RequestState, EventKind
+
+
+def fence_of(value: LeaseFence | AdmittedLease) -> LeaseFence:
+    """The fence of a lease argument (a :class:`LeaseFence` or the :class:`AdmittedLease` admission returned)."""
+    if isinstance(value, LeaseFence):
+        return value
+    if isinstance(value, AdmittedLease):
+        return value.fence
+    raise InvalidInputError("fence must be a LeaseFence or an AdmittedLease")
+
+
+def fence_params(fence: LeaseFence) -> dict[str, object]:
+    """The fence as statement parameters."""
+    return {"lease_id": fence.lease_id, "owner_instance_id": fence.owner_instance_id, "generation": fence.generation}
+
+
+def require_lease(tx: Tx, fence: LeaseFence) -> LeaseRow:
+    """The lease ``fence`` names; :class:`UnknownLeaseError` or :class:`LeaseFenceError` otherwise."""
+    lease = tx.one(SELECT_LEASE, {"lease_id": fence.lease_id})
+    if lease is None:
+        raise UnknownLeaseError()
+    if lease.generation != fence.generation or lease.owner_instance_id != fence.owner_instance_id:
+        raise LeaseFenceError()
+    return lease
+
+
+def _in_phase(tx: Tx, fence: LeaseFence, phases: frozenset[RequestState], refusal: str) -> LeaseRow:
+    lease = require_lease(tx, fence)
+    if lease.phase not in phases:
+        raise AdmissionStateError(refusal)
+    return lease
+
+
+def _free_seat(
+    ctx: PlaneContext, tx: Tx, lease: LeaseRow, event: EventKind, target: str, now: int, source: str | None = None
+) -> None:
+    """Apply an edge that deletes the lease, then complete a pending soft drain if no seat is left."""
+    change(ctx, tx, lease, event, target, now, source=source)
+    complete_drain_if_settled(ctx, tx, lease.owner_instance_id, now)
+
+
+def mark_starting(ctx: PlaneContext, fence: LeaseFence, now: int) -> None:
+    """``admitted`` -> ``starting``, within the concurrent-start limit and the start interval."""
+    v.timestamp(now, "start timestamp")
+    interval = ctx.policy.min_start_interval_ms
+
+    def work(tx: Tx) -> None:
+        lease = _in_phase(tx, fence, frozenset({S.ADMITTED}), "lease is not admitted")
+        if (tx.scalar(COUNT_STARTING_LEASES) or 0) >= ctx.policy.max_concurrent_starts:
+            raise AdmissionStateError("concurrent start limit reached")
+        tx.execute(DELETE_OLD_STARTS, {"cutoff": now - interval})
+        latest = tx.scalar(LATEST_START)
+        # With no minimum interval there is nothing to space out: a start stamped a little
+        # before another connector's (clocks are read before the write lock) is not refused.
+        if interval > 0 and latest is not None and now < latest + interval:
+            raise AdmissionStateError("start interval has not elapsed")
+        tx.execute(INSERT_START, {"lease_id": fence.lease_id, "now": now})
+        change(ctx, tx, lease, K.REQUEST_STARTING, S.STARTING, now)
+
+    ctx.run(work)
+
+
+def move(
+    ctx: PlaneContext, fence: LeaseFence, event: EventKind, source: RequestState, target: RequestState, now: int
+) -> None:
+    """One fenced phase change from ``source`` (refused with ``lease is not <source>`` from any other)."""
+    v.timestamp(now, "activation timestamp" if target is S.ACTIVE else "lease transition timestamp")
+
+    def work(tx: Tx) -> None:
+        lease = _in_phase(tx, fence, frozenset({source}), f"lease is not {source}")
+        change(ctx, tx, lease, event, target, now)
+
+    ctx.run(work)
+
+
+def abandon_before_prompt(ctx: PlaneContext, fence: LeaseFence, now: int, outcome: object) -> None:
+    """End a reserved turn the connector can prove never wrote its prompt (terminal, never a requeue)."""
+    v.timestamp(now, "pre-prompt abandonment timestamp")
+    final = abandon_outcome(outcome)
+
+    def work(tx: Tx) -> None:
+        lease = _in_phase(tx, fence, ABANDONABLE_PHASES, "lease is not safely abandonable before prompt write")
+        _free_seat(ctx, tx, lease, K.REQUEST_ABANDONED, final, now)
+
+    ctx.run(work)
+
+
+def mark_execution_recovery_required(ctx: PlaneContext, fence: LeaseFence, now: int) -> None:
+    """Retain an uncertain dispatch as visible capacity debt: the seat stays held, the payload is deleted."""
+    v.timestamp(now, "execution recovery timestamp")
+
+    def work(tx: Tx) -> None:
+        lease = require_lease(tx, fence)
+        if lease.phase == S.RECOVERY_REQUIRED:
+            return
+        if lease.phase not in EXECUTION_RECOVERY_PHASES:
+            raise AdmissionStateError("lease cannot enter execution recovery")
+        change(ctx, tx, lease, K.REQUEST_RECOVERY_REQUIRED, S.RECOVERY_REQUIRED, now)
+
+    ctx.run(work)
+
+
+def release_exited_recovery_seat(ctx: PlaneContext, fence: LeaseFence, now: int) -> None:
+    """Free the seat after connector, child and process group were all proved gone (ends ``recovery_required``)."""
+    v.timestamp(now, "exited recovery seat timestamp")
+
+    def work(tx: Tx) -> None:
+        lease = _in_phase(tx, fence, RELEASABLE_PHASES, "lease is not an unresolved local execution")
+        _free_seat(ctx, tx, lease, K.REQUEST_RECOVERY_SEAT_RELEASED, S.RECOVERY_REQUIRED, now)
+
+    ctx.run(work)
+
+
+def complete_live_turn(ctx: PlaneContext, fence: LeaseFence, now: int, completion: LiveTurnCompletion) -> None:
+    """Record an ``active`` turn's outcome and free its seat; a capacity failure cools its model down."""
+    v.timestamp(now, "live turn completion timestamp")
+    if not isinstance(completion, LiveTurnCompletion):
+        raise InvalidInputError("live turn completion must be a LiveTurnCompletion")
+
+    def work(tx: Tx) -> None:
+        lease = _in_phase(tx, fence, frozenset({S.ACTIVE}), "lease is not active")
+        request = tx.one(SELECT_REQUEST_META, {"request_id": lease.request_id})
+        if request is None:
+            raise UnknownRequestError()
+        change(ctx, tx, lease, K.REQUEST_PROVIDER_TERMINAL, S.PROVIDER_TERMINAL, now)
+        failure = completion.failure
+        if failure is not None and failure.category is FailureCategory.PROVIDER_CAPACITY:
+            tx.ring(Bell.EVERYONE)  # a cooldown can drop requests ahead of any waiter
+            not_before = now + ctx.policy.capacity_cooldown_ms
+            params = {"provider": request.provider, "model": request.model, "not_before": not_before, "now": now}
+            tx.execute(UPSERT_COOLDOWN, params)
+        _free_seat(ctx, tx, lease, K.REQUEST_RELEASED, completion.outcome, now, source=S.PROVIDER_TERMINAL)
+
+    ctx.run(work)
+
+
+def heartbeat(ctx: PlaneContext, fence: LeaseFence, now: int) -> None:
+    """Refresh the lease's heartbeat and clear any suspicion; :class:`LeaseFenceError` if not owned."""
+    v.timestamp(now, "heartbeat timestamp")
+
+    def work(tx: Tx) -> None:
+        if tx.execute(HEARTBEAT, {**fence_params(fence), "now": now}) != 1:
+            raise LeaseFenceError()
+
+    ctx.run(work)
+
+
+def mark_suspect(ctx: PlaneContext, fence: LeaseFence, now: int, reason: SuspectReason | str) -> bool:
+    """Mark a lease suspect (keeps the first ``suspect_since``); ``False`` if the fence matches nothing."""
+    v.timestamp(now, "lease suspect timestamp")
+    try:
+        reason = SuspectReason(reason)
+    except ValueError:
+        raise InvalidInputError("lease suspect reason is invalid") from None
+    params = {**fence_params(fence), "now": now, "reason": str(reason)}
+    return ctx.run(lambda tx: tx.execute(MARK_SUSPECT, params) == 1)
+
+
+def set_capacity_cooldown(ctx: PlaneContext, provider: str, model: str, not_before: int, now: int) -> None:
+    """Hold back ``provider``/``model`` until ``not_before``; a cooldown is never shortened."""
+    if not v.is_safe_integer(not_before) or not v.is_safe_integer(now) or not_before < now:
+        raise InvalidInputError("capacity cooldown must use integer timestamps and cannot end before it is recorded")
+    v.metadata_text(provider, "provider")
+    v.metadata_text(model, "model")
+    params = {"provider": provider, "model": model, "not_before": not_before, "now": now}
+
+    def work(tx: Tx) -> None:
+        tx.execute(UPSERT_COOLDOWN, params)
+        tx.ring(Bell.EVERYONE)  # a cooldown can drop requests ahead of any waiter
+
+    ctx.run(work)

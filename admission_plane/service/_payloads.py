@@ -1,0 +1,124 @@
+"""Sealed prompts: stored with the request, read back once for the dispatch write, deleted on expiry."""
+
+from __future__ import annotations
+
+from .. import _validate as v
+from ..crypto import InvalidTag, SealedPayload, content_fingerprint, open_sealed, seal
+from ..errors import (
+    AdmissionStateError,
+    InvalidInputError,
+    PayloadConflictError,
+    PayloadExpiredError,
+    PayloadIntegrityError,
+)
+from ..evidence import ConnectorIdentity
+from ..store.rows import PayloadRow
+from ..store.statements.requests import INSERT_PAYLOAD, SELECT_PAYLOAD, SELECT_PAYLOAD_FINGERPRINT
+from ..store.statements.transitions import DELETE_PAYLOAD
+from ..store.tx import Tx
+from ..values import EnqueueResult
+from ._context import PlaneContext
+from ._enqueue import Metadata, bind_owner, insert_request, require_queued
+
+
+def check_expiry(now: int, expires_at: int) -> None:
+    """A payload must expire after it is stored."""
+    if not v.is_safe_integer(now) or not v.is_safe_integer(expires_at) or expires_at <= now:
+        raise InvalidInputError("payload expiry must be after persistence time")
+
+
+def enqueue_with_payload(
+    ctx: PlaneContext,
+    meta: Metadata,
+    connector: ConnectorIdentity,
+    now: int,
+    plaintext: str,
+    expires_at: int,
+) -> EnqueueResult:
+    """Queue a request and its sealed prompt atomically (idempotent for the same prompt)."""
+    fingerprint_hex, sealed = _seal(ctx, meta.request_id, plaintext)
+
+    def work(tx: Tx) -> EnqueueResult:
+        result = insert_request(ctx, tx, meta, now)
+        status = require_queued(tx, meta.request_id)
+        bind_owner(ctx, tx, meta.request_id, connector, now, result.existed, status)
+        if _stored_already(tx, meta.request_id, fingerprint_hex):
+            return EnqueueResult(meta.request_id, True)
+        _insert(tx, meta.request_id, sealed, fingerprint_hex, expires_at, now)
+        return result
+
+    return ctx.run(work)
+
+
+def persist(ctx: PlaneContext, request_id: str, plaintext: str, now: int, expires_at: int) -> None:
+    """Attach a sealed prompt to a queued request (idempotent for the same prompt)."""
+    check_expiry(now, expires_at)
+    v.identifier(request_id, "payload request ID")
+    fingerprint_hex, sealed = _seal(ctx, request_id, plaintext)
+
+    def work(tx: Tx) -> None:
+        require_queued(tx, request_id)
+        if not _stored_already(tx, request_id, fingerprint_hex):
+            _insert(tx, request_id, sealed, fingerprint_hex, expires_at, now)
+
+    ctx.run(work)
+
+
+def read(ctx: PlaneContext, request_id: str, now: int) -> str:
+    """Decrypt a request's prompt; at or after its expiry, delete it and raise :class:`PayloadExpiredError`."""
+    v.identifier(request_id, "payload request ID")
+    v.timestamp(now, "payload read timestamp")
+    key = ctx.keys.require_encryption()
+
+    def select(tx: Tx) -> PayloadRow:
+        row = tx.one(SELECT_PAYLOAD, {"request_id": request_id})
+        if row is None:
+            raise AdmissionStateError("no payload is available")
+        return row
+
+    def delete_expired(tx: Tx) -> None:
+        if select(tx).expires_at <= now:
+            tx.execute(DELETE_PAYLOAD, {"request_id": request_id})
+
+    # Read without the write lock; only an expired payload needs a writing transaction.
+    row = ctx.run(select, read_only=True)
+    if row.expires_at <= now:
+        ctx.run(delete_expired)
+        raise PayloadExpiredError()
+    sealed = SealedPayload(bytes(row.nonce), bytes(row.ciphertext), bytes(row.auth_tag), row.key_version)
+    try:
+        return open_sealed(key, request_id, sealed)
+    except (InvalidTag, ValueError):
+        raise PayloadIntegrityError() from None
+
+
+def _seal(ctx: PlaneContext, request_id: str, plaintext: str) -> tuple[str, SealedPayload]:
+    v.plaintext(plaintext)
+    fingerprint_hex = content_fingerprint(ctx.keys.require_content(), request_id, plaintext)
+    return fingerprint_hex, seal(ctx.keys.require_encryption(), request_id, plaintext)
+
+
+def _stored_already(tx: Tx, request_id: str, fingerprint_hex: str) -> bool:
+    """Whether the request holds this very prompt; :class:`PayloadConflictError` if it holds another."""
+    existing = tx.scalar(SELECT_PAYLOAD_FINGERPRINT, {"request_id": request_id})
+    if existing is None:
+        return False
+    if existing != fingerprint_hex:
+        raise PayloadConflictError()
+    return True
+
+
+def _insert(tx: Tx, request_id: str, sealed: SealedPayload, fingerprint_hex: str, expires_at: int, now: int) -> None:
+    tx.execute(
+        INSERT_PAYLOAD,
+        {
+            "request_id": request_id,
+            "nonce": sealed.nonce,
+            "ciphertext": sealed.ciphertext,
+            "auth_tag": sealed.auth_tag,
+            "key_version": sealed.key_version,
+            "content_fingerprint": fingerprint_hex,
+            "expires_at": expires_at,
+            "now": now,
+        },
+    )

@@ -1,0 +1,178 @@
+"""The one function that changes a request's state or a lease's phase: :func:`change`.
+
+It looks the edge up in :data:`admission_plane.states.TRANSITIONS`, refuses one the table
+does not have, runs the edge's statements guarded by the state it leaves (and, for a
+lease, by its fence), deletes the payload where the table says the prompt must be gone,
+rings the doorbell for what the edge frees, and journals the event. Callers check their
+own preconditions first (which phase they accept, with the original's messages) and read
+the subject inside the same transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from ..errors import AdmissionRuntimeError, AdmissionStateError, LeaseFenceError
+from ..states import (
+    PAYLOAD_DELETED_STATES,
+    POLICY_EVENT_ID,
+    TERMINAL_STATES,
+    Capacity,
+    DrainState,
+    EventKind,
+    LeaseEffect,
+    RequestState,
+    Transition,
+    transition,
+)
+from ..store.doorbell import Bell
+from ..store.rows import LeaseRow
+from ..store.statements.policy import COMPLETE_DRAIN
+from ..store.statements.transitions import (
+    DELETE_LEASE,
+    DELETE_PAYLOAD,
+    END_LEASED_REQUEST,
+    END_QUEUED_REQUEST,
+    INSERT_LEASE,
+    RESERVE_REQUEST,
+    SET_LEASE_PHASE,
+    SET_REQUEST_STATE,
+)
+from ..store.tx import Tx
+from . import _journal
+from ._context import PlaneContext
+
+
+@attrs.frozen
+class QueuedRequest:
+    """A request still in the queue, leaving it without a lease."""
+
+    request_id: str
+
+
+@attrs.frozen
+class NewLease:
+    """The lease admission is about to create for a queued request."""
+
+    lease_id: str
+    request_id: str
+    generation: int
+    owner_instance_id: str
+
+
+@attrs.frozen
+class DrainCompletion:
+    """The durable policy's soft drain ending, with the values the settled policy takes."""
+
+    values: dict[str, Any]
+
+
+Subject = QueuedRequest | NewLease | LeaseRow | DrainCompletion
+
+
+def edge(event: EventKind, source: str, target: str) -> Transition:
+    """The table's edge, or :class:`AdmissionStateError` if the table has none."""
+    found = transition(event, source, target)
+    if found is None or not found.written:
+        raise AdmissionStateError("admission event transition is not allowlisted")
+    return found
+
+
+def change(
+    ctx: PlaneContext,
+    tx: Tx,
+    subject: Subject,
+    event: EventKind,
+    target: str,
+    now: int,
+    *,
+    source: str | None = None,
+) -> bool:
+    """Move ``subject`` along ``event`` to ``target``; ``False`` if a queued request had already left.
+
+    ``source`` is the request's current state when it differs from the lease's phase (a
+    live turn's ``provider_terminal`` step). Raises :class:`LeaseFenceError` when the
+    lease no longer matches its fence, :class:`AdmissionStateError` for an edge the table
+    does not have or a request that diverged from its lease.
+    """
+    if isinstance(subject, QueuedRequest):
+        return _leave_queue(ctx, tx, subject, edge(event, RequestState.QUEUED, target), now)
+    if isinstance(subject, NewLease):
+        _create_lease(ctx, tx, subject, edge(event, RequestState.QUEUED, target), now)
+        return True
+    if isinstance(subject, DrainCompletion):
+        _complete_drain(ctx, tx, subject, edge(event, DrainState.SOFT_DRAINING_TO_1.journal_token, target), now)
+        return True
+    moved = edge(event, subject.phase if source is None else source, target)
+    _move_lease(ctx, tx, subject, moved, now)
+    return True
+
+
+def _leave_queue(ctx: PlaneContext, tx: Tx, subject: QueuedRequest, move: Transition, now: int) -> bool:
+    params = {"request_id": subject.request_id, "source": move.source, "target": move.target, "now": now}
+    if tx.execute(END_QUEUED_REQUEST, params) != 1:
+        return False
+    _finish(ctx, tx, subject.request_id, move, now)
+    return True
+
+
+def _create_lease(ctx: PlaneContext, tx: Tx, lease: NewLease, move: Transition, now: int) -> None:
+    params = {**attrs.asdict(lease), "source": move.source, "target": move.target, "now": now}
+    if tx.execute(RESERVE_REQUEST, params) != 1:
+        raise AdmissionStateError("selected admission request is no longer queued")
+    tx.execute(INSERT_LEASE, params)
+    _finish(ctx, tx, lease.request_id, move, now)
+
+
+def _move_lease(ctx: PlaneContext, tx: Tx, lease: LeaseRow, move: Transition, now: int) -> None:
+    fence = {
+        "lease_id": lease.lease_id,
+        "owner_instance_id": lease.owner_instance_id,
+        "generation": lease.generation,
+        "phase": lease.phase,
+        "now": now,
+    }
+    if move.lease is LeaseEffect.MOVE:
+        changed = tx.execute(SET_LEASE_PHASE, {**fence, "source": lease.phase, "target": move.target})
+    elif move.lease is LeaseEffect.DELETE:
+        changed = tx.execute(DELETE_LEASE, fence)
+    else:
+        changed = 1
+    if changed != 1:
+        raise LeaseFenceError()
+    request = END_LEASED_REQUEST if move.target in TERMINAL_STATES else SET_REQUEST_STATE
+    params = {"request_id": lease.request_id, "generation": lease.generation, "now": now}
+    if tx.execute(request, {**params, "source": move.source, "target": move.target}) != 1:
+        raise AdmissionStateError(f"lease and request state diverged at {move.target}")
+    _finish(ctx, tx, lease.request_id, move, now)
+
+
+def _complete_drain(ctx: PlaneContext, tx: Tx, drain: DrainCompletion, move: Transition, now: int) -> None:
+    tx.ring(Bell.EVERYONE)
+    if tx.execute(COMPLETE_DRAIN, drain.values) != 1:
+        raise AdmissionRuntimeError("soft drain could not be completed atomically")
+    _journal.record(ctx, tx, move.event, POLICY_EVENT_ID, move.source, move.target, now)
+
+
+def _finish(ctx: PlaneContext, tx: Tx, request_id: str, move: Transition, now: int) -> None:
+    """What every request edge ends with: the payload rule, the doorbell and the journal."""
+    if move.target in PAYLOAD_DELETED_STATES:
+        tx.execute(DELETE_PAYLOAD, {"request_id": request_id})
+    tx.ring(_bells(move))
+    _journal.record(ctx, tx, move.event, request_id, move.source, move.target, now)
+
+
+def _bells(move: Transition) -> int:
+    """What waiting connectors hear: a departure from the queue, a freed seat, a freed start slot.
+
+    A freed seat rings the start-slot counter too: a waiter held back by the start window
+    looks again whenever the lease count drops.
+    """
+    bells = Bell.QUEUE if move.source == RequestState.QUEUED else 0
+    if Capacity.SEAT in move.frees:
+        bells |= Bell.SEATS | Bell.STARTS
+    elif Capacity.START_SLOT in move.frees:
+        bells |= Bell.STARTS
+    return bells

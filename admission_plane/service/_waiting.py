@@ -1,0 +1,87 @@
+"""Waiting for admission on the doorbell: look, wait for what the look said, look again."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from .. import _validate as v
+from ..store.doorbell import Chimes, Doorbell, ListeningDoorbell
+from ..values import AdmittedLease
+from ._admission import Wake, admit_request
+from ._context import PlaneContext
+
+#: With a doorbell, a waiter looks again at least this often (ms) even if nothing rang:
+#: writers that do not ring (another program on the same file) are noticed this late.
+DOORBELL_FALLBACK_MS = 250
+#: Without a doorbell, a waiter behind another request looks again after about this long (s).
+BEHIND_DELAY_S = 0.003
+
+
+def wait_for_admission(
+    ctx: PlaneContext,
+    request_id: str,
+    owner_instance_id: str,
+    *,
+    timeout_ms: int | None,
+    initial_delay_ms: float,
+    max_delay_ms: float,
+    sleep: Callable[[float], object],
+    on_wait: Callable[[int], object] | None,
+    fallback_ms: int,
+) -> AdmittedLease | None:
+    """See :meth:`admission_plane.AdmissionPlane.wait_for_admission`."""
+    v.identifier(request_id, "admission request ID")
+    v.identifier(owner_instance_id, "admission owner instance ID")
+    if timeout_ms is not None:
+        v.timestamp(timeout_ms, "admission wait timeout")
+    v.positive_integer(fallback_ms, "admission wait fallback")
+    deadline = None if timeout_ms is None else ctx.clock() + timeout_ms
+    doorbell = ctx.doorbell
+    delay = initial_delay_ms / 1000
+    while True:
+        seen = None if doorbell is None else doorbell.read()
+        now = ctx.clock()
+        lease, wake = admit_request(ctx, request_id, now, owner_instance_id)
+        if lease is not None:
+            return lease
+        if wake is None or (deadline is not None and now >= deadline):
+            return None
+        if on_wait is not None:
+            on_wait(now)
+        if seen is not None and doorbell is not None:
+            limit = min(moment for moment in (now + fallback_ms, wake.at, deadline) if moment is not None)
+            _await_doorbell(ctx, doorbell, seen, wake, limit, initial_delay_ms, max_delay_ms, sleep)
+            continue
+        if wake.queue and not (wake.seats or wake.starts or wake.at is not None):
+            # Behind another request: ours may be next, so look again soon.
+            sleep(BEHIND_DELAY_S * _jitter())
+            continue
+        sleep(delay * _jitter())
+        delay = min(delay * 2, max_delay_ms / 1000)
+
+
+def _await_doorbell(
+    ctx: PlaneContext,
+    doorbell: Doorbell | ListeningDoorbell,
+    seen: Chimes,
+    wake: Wake,
+    limit: int,
+    initial_delay_ms: float,
+    max_delay_ms: float,
+    sleep: Callable[[float], object],
+) -> None:
+    """Sleep until ``wake`` is rung past ``seen`` or the plane's clock reaches ``limit``."""
+    step = initial_delay_ms / 1000
+    while True:
+        sleep(step * _jitter())
+        current = doorbell.read()
+        if current is None or wake.rung(seen, current) or ctx.clock() >= limit:
+            return
+        if not (wake.seats or wake.starts):  # not first in line: no hurry
+            step = min(step * 2, max_delay_ms / 1000)
+
+
+def _jitter() -> float:
+    return 0.5 + random.random()  # noqa: S311 - jitter, not cryptography
+

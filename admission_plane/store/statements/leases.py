@@ -1,0 +1,54 @@
+"""Leases outside their phase changes: reads, heartbeats, suspicion, starts and cooldowns."""
+
+from __future__ import annotations
+
+from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from ...states import STARTING_PHASES
+from ..model import Cooldown, Lease, StartHistory
+from ..rows import LeaseRow
+from ..tx import Query, Scalar, Statement
+from ._build import P, fenced, one_of
+
+L, C, SH = Lease, Cooldown, StartHistory
+
+SELECT_LEASE = Query(
+    select(L.lease_id, L.request_id, L.generation, L.owner_instance_id, L.phase).where(L.lease_id == P("lease_id")),
+    LeaseRow,
+)
+HEARTBEAT = Statement(fenced(update(L)).values(heartbeat_at=P("now"), suspect_since=None, suspect_reason=None))
+MARK_SUSPECT = Statement(
+    fenced(update(L)).values(suspect_since=func.coalesce(L.suspect_since, P("now")), suspect_reason=P("reason"))
+)
+
+COUNT_STARTING_LEASES: Scalar[int] = Scalar(select(func.count()).select_from(L).where(one_of(L.phase, STARTING_PHASES)))
+DELETE_OLD_STARTS = Statement(delete(SH).where(SH.started_at < P("cutoff")))
+LATEST_START: Scalar[int] = Scalar(select(SH.started_at).order_by(SH.started_at.desc()).limit(1))
+INSERT_START = Statement(insert(SH).values(lease_id=P("lease_id"), started_at=P("now")))
+
+_cooldown_values = {
+    "provider": P("provider"),
+    "model": P("model"),
+    "not_before": P("not_before"),
+    "updated_at": P("now"),
+}
+_sqlite_upsert = sqlite.insert(C).values(**_cooldown_values)
+_postgres_upsert = postgresql.insert(C).values(**_cooldown_values)
+#: A cooldown only ever extends: the later ``not_before`` wins.
+UPSERT_COOLDOWN = Statement(
+    _sqlite_upsert.on_conflict_do_update(
+        index_elements=[C.provider, C.model],
+        set_={
+            "not_before": func.max(C.not_before, _sqlite_upsert.excluded.not_before),
+            "updated_at": func.max(C.updated_at, _sqlite_upsert.excluded.updated_at),
+        },
+    ),
+    postgresql=_postgres_upsert.on_conflict_do_update(
+        index_elements=[C.provider, C.model],
+        set_={
+            "not_before": func.greatest(C.not_before, _postgres_upsert.excluded.not_before),
+            "updated_at": func.greatest(C.updated_at, _postgres_upsert.excluded.updated_at),
+        },
+    ),
+)

@@ -1,0 +1,98 @@
+"""Requests, their sealed payloads, and the connectors that enqueued them."""
+
+from __future__ import annotations
+
+from sqlalchemy import insert, select, update
+
+from ...states import RequestState
+from ..model import Lease, QueuedOwnerInstance, TurnPayload, TurnRequest
+from ..rows import OwnerRow, PayloadRow, QueuedOwnerRow, RequestMeta, RequestRow, RequestStatus
+from ..tx import Query, Scalar, Statement
+from ._build import P, lit, one
+
+R, PL, QO = TurnRequest, TurnPayload, QueuedOwnerInstance
+QUEUED = RequestState.QUEUED
+
+SELECT_REQUEST_META = Query(
+    select(R.session_id, R.agent_id, R.fingerprint, R.provider, R.model).where(R.request_id == P("request_id")),
+    RequestMeta,
+)
+SELECT_REQUEST = Query(
+    select(R.request_id, R.session_id, R.agent_id, R.fingerprint, R.provider, R.model, R.state, R.enqueued_at).where(
+        R.request_id == P("request_id")
+    ),
+    RequestRow,
+)
+SELECT_REQUEST_STATUS = Query(
+    select(R.state, R.queued_owner_instance_id).where(R.request_id == P("request_id")), RequestStatus
+)
+INSERT_REQUEST = Statement(
+    insert(R).values(
+        request_id=P("request_id"),
+        session_id=P("session_id"),
+        agent_id=P("agent_id"),
+        fingerprint=P("fingerprint"),
+        provider=P("provider"),
+        model=P("model"),
+        state=lit(QUEUED),
+        enqueued_at=P("now"),
+        deadline_at=P("deadline_at"),
+    )
+)
+
+SELECT_PAYLOAD_FINGERPRINT: Scalar[str] = Scalar(
+    select(PL.content_fingerprint).where(PL.request_id == P("request_id"))
+)
+SELECT_PAYLOAD = Query(
+    select(PL.nonce, PL.ciphertext, PL.auth_tag, PL.key_version, PL.content_fingerprint, PL.expires_at).where(
+        PL.request_id == P("request_id")
+    ),
+    PayloadRow,
+)
+INSERT_PAYLOAD = Statement(
+    insert(PL).values(
+        request_id=P("request_id"),
+        nonce=P("nonce"),
+        ciphertext=P("ciphertext"),
+        auth_tag=P("auth_tag"),
+        key_version=P("key_version"),
+        content_fingerprint=P("content_fingerprint"),
+        expires_at=P("expires_at"),
+        created_at=P("now"),
+    )
+)
+
+_OWNER_COLUMNS = (
+    QO.owner_instance_id,
+    QO.created_at,
+    QO.boot_id,
+    QO.pid,
+    QO.start_time_ticks,
+    QO.pid_namespace_inode,
+    QO.ppid,
+    QO.pgrp,
+    QO.session,
+)
+SELECT_QUEUED_OWNER = Query(
+    select(*_OWNER_COLUMNS).where(QO.owner_instance_id == P("owner_instance_id")), OwnerRow
+)
+INSERT_QUEUED_OWNER = Statement(
+    insert(QO).values(
+        **{column.key: P(column.key) for column in _OWNER_COLUMNS},
+        recorded_at=P("now"),
+        host_id=P("host_id"),
+    )
+)
+BIND_QUEUED_OWNER = Statement(
+    update(R)
+    .where(R.request_id == P("request_id"), R.state == lit(QUEUED), R.queued_owner_instance_id.is_(None))
+    .values(queued_owner_instance_id=P("owner_instance_id"), queued_owner_recorded_at=P("now"))
+)
+LIST_QUEUED_OWNERS = Query(
+    select(R.request_id, *_OWNER_COLUMNS, QO.host_id)
+    .join(QO, QO.owner_instance_id == R.queued_owner_instance_id)
+    .where(R.state == lit(QUEUED), R.queued_owner_instance_id.is_not(None))
+    .order_by(R.enqueued_at, R.request_id),
+    QueuedOwnerRow,
+)
+LEASE_EXISTS_FOR_REQUEST: Scalar[int] = Scalar(select(one()).where(Lease.request_id == P("request_id")).limit(1))

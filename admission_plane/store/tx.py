@@ -1,0 +1,148 @@
+"""Statements built once from the entities, compiled once per dialect, run on the driver's cursor.
+
+Why: one turn is six write transactions of a few statements each, and the time goes into
+Python, not the database: building and compiling statements per call, cache-key
+generation and result wrapping cost more than SQLite's own work. So every hot-path
+statement is a SQLAlchemy construct over the ORM entities (the schema stays declared in
+one place), compiled to SQL text once per dialect with named parameters, and executed on
+the transaction's DB-API cursor.
+
+A :class:`Query` names the record its rows become (:mod:`admission_plane.store.rows`);
+the record's fields must be the query's column labels, in order, which is checked when
+the query is defined, so no caller ever reads a row by position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Generic, TypeVar
+
+import attrs
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.engine import Dialect
+from sqlalchemy.sql import Executable, Select
+
+from .doorbell import Chimes
+
+_SQLITE_NAMED = sqlite.dialect(paramstyle="named")
+
+R = TypeVar("R")
+V = TypeVar("V")
+
+class Statement:
+    """A construct and its compiled SQL per dialect (named parameters, dict arguments).
+
+    Bind parameters that carry their own value (``limit(1)``, ``values(x=None)``) become
+    per-statement defaults; named ``bindparam("x")`` parameters must be supplied per call.
+    """
+
+    __slots__ = ("_compiled", "_constructs")
+
+    def __init__(self, construct: Executable, **per_dialect: Executable) -> None:
+        self._constructs: dict[str, Executable] = {"default": construct, **per_dialect}
+        self._compiled: dict[str, tuple[str, dict[str, Any]]] = {}
+
+    def compiled(self, dialect: Dialect) -> tuple[str, dict[str, Any]]:
+        """The SQL text for ``dialect`` and its default parameters (compiled on first use)."""
+        name = dialect.name
+        entry = self._compiled.get(name)
+        if entry is None:
+            construct = self._constructs.get(name, self._constructs["default"])
+            target = _SQLITE_NAMED if name == "sqlite" else dialect
+            compiled = construct.compile(dialect=target)
+            defaults = {
+                compiled.bind_names[bind]: bind.effective_value for bind in compiled.binds.values() if not bind.required
+            }
+            entry = (str(compiled), defaults)
+            self._compiled[name] = entry
+        return entry
+
+    def sql(self, dialect: Dialect) -> str:
+        """The SQL text for ``dialect``."""
+        return self.compiled(dialect)[0]
+
+
+class Query(Statement, Generic[R]):
+    """A ``SELECT`` whose rows become ``record`` values.
+
+    Raises :class:`TypeError` at definition when the record's attrs fields are not the
+    select's column labels in order.
+    """
+
+    __slots__ = ("record",)
+
+    def __init__(self, construct: Select[Any], record: type[R], **per_dialect: Executable) -> None:
+        super().__init__(construct, **per_dialect)
+        labels = tuple(column.key for column in construct.selected_columns)
+        fields = tuple(field.name for field in attrs.fields(record))  # type: ignore[misc]  # attrs classes only
+        if labels != fields:
+            raise TypeError(f"{record.__name__} fields {fields} are not the query's columns {labels}")
+        self.record: type[R] = record
+
+
+class Scalar(Statement, Generic[V]):
+    """A ``SELECT`` of one value (a count, a flag, a timestamp); ``V`` is its Python type."""
+
+    __slots__ = ()
+
+
+class Tx:
+    """The statements of one unit of work, executed on a DB-API connection's cursor."""
+
+    __slots__ = ("_cursor", "dialect", "rings")
+
+    def __init__(self, dbapi_connection: Any, dialect: Dialect) -> None:
+        self.dialect = dialect
+        self._cursor: Any = dbapi_connection.cursor()
+        #: What this transaction adds to the admission doorbell, announced once it commits.
+        self.rings = Chimes()
+
+    def ring(self, bells: int) -> None:
+        """Add ``bells`` (:class:`~admission_plane.store.doorbell.Bell` flags) once more to what
+        this transaction announces to waiting connectors when it commits (two requests timed out
+        in one transaction are two departures)."""
+        self.rings = self.rings.plus(Chimes.of(bells))
+
+    def begin(self, sql: str) -> None:
+        """Open the transaction explicitly (SQLite: ``BEGIN`` or ``BEGIN IMMEDIATE``)."""
+        self._cursor.execute(sql)
+
+    def _run(self, statement: Statement, params: Mapping[str, Any] | None) -> Any:
+        sql, defaults = statement.compiled(self.dialect)
+        if defaults:
+            params = {**defaults, **params} if params else defaults
+        cursor = self._cursor
+        cursor.execute(sql, params or {})
+        return cursor
+
+    def execute(self, statement: Statement, params: Mapping[str, Any] | None = None) -> int:
+        """Run a statement; return its row count."""
+        count: int = self._run(statement, params).rowcount
+        return count
+
+    def one(self, query: Query[R], params: Mapping[str, Any] | None = None) -> R | None:
+        """The first row as a record, or ``None``."""
+        row = self._run(query, params).fetchone()
+        return None if row is None else query.record(*row)
+
+    def all(self, query: Query[R], params: Mapping[str, Any] | None = None) -> list[R]:
+        """Every row, as records."""
+        record = query.record
+        return [record(*row) for row in self._run(query, params).fetchall()]
+
+    def scalar(self, query: Scalar[V], params: Mapping[str, Any] | None = None) -> V | None:
+        """The first column of the first row, or ``None``."""
+        row = self._run(query, params).fetchone()
+        return None if row is None else row[0]  # type: ignore[no-any-return]  # the driver's value, typed by V
+
+    def column(self, query: Scalar[V], params: Mapping[str, Any] | None = None) -> list[V]:
+        """The first column of every row."""
+        return [row[0] for row in self._run(query, params).fetchall()]
+
+    def exists(self, query: Scalar[Any], params: Mapping[str, Any] | None = None) -> bool:
+        """Whether the query returns a row."""
+        return self._run(query, params).fetchone() is not None
+
+    def close(self) -> None:
+        """Close the cursor (the connection stays with its unit of work)."""
+        self._cursor.close()
