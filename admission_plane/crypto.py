@@ -127,8 +127,9 @@ class EventCorrelator:
     __slots__ = ("_prefix",)
 
     def __init__(self, key: SecretKey) -> None:
-        prefix = hmac.new(key.material(), js_json([_NAMESPACE, "admission-event-correlation", 1]).encode("utf-8"),
-                          hashlib.sha256)
+        prefix = hmac.new(
+            key.material(), js_json([_NAMESPACE, "admission-event-correlation", 1]).encode("utf-8"), hashlib.sha256
+        )
         prefix.update(b"\x00")
         self._prefix: Any = prefix
 

@@ -81,10 +81,7 @@ def generate_key_file(path: str | os.PathLike[str]) -> Path:
     """Write two fresh random keys to a new file with mode 0600; never overwrites an existing file."""
     target = Path(path)
     target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    text = (
-        f"{ENCRYPTION_KEY_VARIABLE}={secrets.token_hex(32)}\n"
-        f"{CONTENT_KEY_VARIABLE}={secrets.token_hex(32)}\n"
-    )
+    text = f"{ENCRYPTION_KEY_VARIABLE}={secrets.token_hex(32)}\n{CONTENT_KEY_VARIABLE}={secrets.token_hex(32)}\n"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     try:
         descriptor = os.open(target, flags, 0o600)

@@ -163,9 +163,7 @@ class DispatchIntentResult:
 class LiveTurnFailure:
     """Why a live turn failed (``provider_capacity`` starts a cooldown of its provider/model)."""
 
-    category: FailureCategory = attrs.field(
-        converter=_enum(FailureCategory, "live turn failure category is invalid")
-    )
+    category: FailureCategory = attrs.field(converter=_enum(FailureCategory, "live turn failure category is invalid"))
     http_status: int | None = attrs.field(default=None, validator=_http_status)
     code: str | None = attrs.field(default=None, validator=_signal)
     reason: str | None = attrs.field(default=None, validator=_signal)

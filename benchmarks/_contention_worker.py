@@ -163,22 +163,40 @@ class Connector:
         plane = self.plane
         self.turns += 1
         request_id = f"p{self.index}-{self.turns}-{time.monotonic_ns()}"
-        self._retry(lambda: plane.enqueue_with_payload(
-            request_id=request_id, session_id=f"session-{self.index}", agent_id=f"agent-{self.index}",
-            fingerprint="fp-1", provider="antigravity", model="model-bench", now=_wall_ms(),
-            plaintext=f"prompt {request_id}", expires_at=_wall_ms() + 1_800_001,
-        ))
-        lease = self._retry(lambda: plane.wait_for_admission(
-            request_id, self.owner, initial_delay_ms=self.poll_s * 1000, max_delay_ms=self.max_poll_ms,
-            sleep=self._poll_sleep,
-        ))
+        self._retry(
+            lambda: plane.enqueue_with_payload(
+                request_id=request_id,
+                session_id=f"session-{self.index}",
+                agent_id=f"agent-{self.index}",
+                fingerprint="fp-1",
+                provider="antigravity",
+                model="model-bench",
+                now=_wall_ms(),
+                plaintext=f"prompt {request_id}",
+                expires_at=_wall_ms() + 1_800_001,
+            )
+        )
+        lease = self._retry(
+            lambda: plane.wait_for_admission(
+                request_id,
+                self.owner,
+                initial_delay_ms=self.poll_s * 1000,
+                max_delay_ms=self.max_poll_ms,
+                sleep=self._poll_sleep,
+            )
+        )
         assert lease is not None, "a queued request without a timeout is always admitted eventually"
         # ``now`` is read before the write lock: a start committed meanwhile by another
         # process may carry a later ``now``; that refusal is counted and retried.
         self._retry(lambda: plane.mark_starting(lease, _wall_ms()))
         record = DispatchRecord(
-            request_id=request_id, lease_id=lease.lease_id, generation=lease.generation, owner_instance_id=self.owner,
-            connector=plane.owner_identity, child=self.child, prompt_channel="stdin",
+            request_id=request_id,
+            lease_id=lease.lease_id,
+            generation=lease.generation,
+            owner_instance_id=self.owner,
+            connector=plane.owner_identity,
+            child=self.child,
+            prompt_channel="stdin",
         )
         result = plane.commit_dispatch_intent(record)
         if not result.ok:

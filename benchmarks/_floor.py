@@ -29,8 +29,12 @@ from admission_plane.store.statements import admission, dispatch, journal, lease
 from admission_plane.store.tx import Statement
 
 _DIALECT = sqlite.dialect()
-PRAGMAS = ("PRAGMA foreign_keys = ON", "PRAGMA journal_mode = WAL", "PRAGMA synchronous = FULL",
-           "PRAGMA busy_timeout = 5000")
+PRAGMAS = (
+    "PRAGMA foreign_keys = ON",
+    "PRAGMA journal_mode = WAL",
+    "PRAGMA synchronous = FULL",
+    "PRAGMA busy_timeout = 5000",
+)
 _CORRELATION = "c" * 64
 _FINGERPRINT = "f" * 64
 _NONCE, _TAG = bytes(12), bytes(16)
@@ -64,15 +68,33 @@ class FloorConnector:
         self.host_id = host_id
         process = connector.process
         self._owner_values = {
-            "owner_instance_id": connector.owner_instance_id, "created_at": connector.created_at,
-            "boot_id": process.boot_id, "pid": process.pid, "start_time_ticks": process.start_time_ticks,
-            "pid_namespace_inode": process.pid_namespace_inode, "ppid": process.ppid, "pgrp": process.pgrp,
+            "owner_instance_id": connector.owner_instance_id,
+            "created_at": connector.created_at,
+            "boot_id": process.boot_id,
+            "pid": process.pid,
+            "start_time_ticks": process.start_time_ticks,
+            "pid_namespace_inode": process.pid_namespace_inode,
+            "ppid": process.ppid,
+            "pgrp": process.pgrp,
             "session": process.session,
         }
         self._identity_tail = (
-            "stdin", connector.owner_instance_id, connector.created_at, process.boot_id, process.pid,
-            process.start_time_ticks, process.pid_namespace_inode, process.ppid, process.pgrp, process.session,
-            child.boot_id, child.pid, child.start_time_ticks, child.pid_namespace_inode, child.ppid, child.pgrp,
+            "stdin",
+            connector.owner_instance_id,
+            connector.created_at,
+            process.boot_id,
+            process.pid,
+            process.start_time_ticks,
+            process.pid_namespace_inode,
+            process.ppid,
+            process.pgrp,
+            process.session,
+            child.boot_id,
+            child.pid,
+            child.start_time_ticks,
+            child.pid_namespace_inode,
+            child.ppid,
+            child.pgrp,
             child.session,
         )
         self._trace = trace
@@ -113,8 +135,16 @@ class FloorConnector:
         return self._run(statement, params).rowcount
 
     def _journal(self, kind: str, from_state: str, to_state: str, now: int) -> None:
-        self._execute(journal.INSERT_EVENT, {"kind": kind, "from_state": from_state, "to_state": to_state,
-                                             "now": now, "correlation_hmac": _CORRELATION})
+        self._execute(
+            journal.INSERT_EVENT,
+            {
+                "kind": kind,
+                "from_state": from_state,
+                "to_state": to_state,
+                "now": now,
+                "correlation_hmac": _CORRELATION,
+            },
+        )
 
     # --- the six transactions ------------------------------------------------------------------------
 
@@ -122,21 +152,43 @@ class FloorConnector:
         """``enqueue_with_payload`` of a new request."""
         self._begin()
         assert self._one(requests.SELECT_REQUEST_META, {"request_id": request_id}) is None
-        self._execute(requests.INSERT_REQUEST, {
-            "request_id": request_id, "session_id": "session-1", "agent_id": agent_id, "fingerprint": "fp-1",
-            "provider": "antigravity", "model": "model-bench", "now": now, "deadline_at": now + 1_800_000,
-        })
+        self._execute(
+            requests.INSERT_REQUEST,
+            {
+                "request_id": request_id,
+                "session_id": "session-1",
+                "agent_id": agent_id,
+                "fingerprint": "fp-1",
+                "provider": "antigravity",
+                "model": "model-bench",
+                "now": now,
+                "deadline_at": now + 1_800_000,
+            },
+        )
         self._journal("request_enqueued", "absent", "queued", now)
         assert tuple(self._one(requests.SELECT_REQUEST_STATUS, {"request_id": request_id})) == ("queued", None)
         if self._one(requests.SELECT_QUEUED_OWNER, {"owner_instance_id": self.owner}) is None:
             self._execute(requests.INSERT_QUEUED_OWNER, {**self._owner_values, "now": now, "host_id": self.host_id})
-        assert self._execute(requests.BIND_QUEUED_OWNER, {"request_id": request_id, "owner_instance_id": self.owner,
-                                                          "now": now}) == 1
+        assert (
+            self._execute(
+                requests.BIND_QUEUED_OWNER, {"request_id": request_id, "owner_instance_id": self.owner, "now": now}
+            )
+            == 1
+        )
         assert self._scalar(requests.SELECT_PAYLOAD_FINGERPRINT, {"request_id": request_id}) is None
-        self._execute(requests.INSERT_PAYLOAD, {
-            "request_id": request_id, "nonce": _NONCE, "ciphertext": request_id.encode(), "auth_tag": _TAG,
-            "key_version": 1, "content_fingerprint": _FINGERPRINT, "expires_at": now + 1_800_001, "now": now,
-        })
+        self._execute(
+            requests.INSERT_PAYLOAD,
+            {
+                "request_id": request_id,
+                "nonce": _NONCE,
+                "ciphertext": request_id.encode(),
+                "auth_tag": _TAG,
+                "key_version": 1,
+                "content_fingerprint": _FINGERPRINT,
+                "expires_at": now + 1_800_001,
+                "now": now,
+            },
+        )
         self._commit()
 
     def _capacity_and_candidate(self, now: int) -> Any:
@@ -157,8 +209,15 @@ class FloorConnector:
         request_id, previous_generation = self._capacity_and_candidate(now)
         generation = previous_generation + 1
         lease_id = str(uuid.uuid4())
-        params = {"lease_id": lease_id, "request_id": request_id, "generation": generation,
-                  "owner_instance_id": self.owner, "source": "queued", "target": "admitted", "now": now}
+        params = {
+            "lease_id": lease_id,
+            "request_id": request_id,
+            "generation": generation,
+            "owner_instance_id": self.owner,
+            "source": "queued",
+            "target": "admitted",
+            "now": now,
+        }
         assert self._execute(transitions.RESERVE_REQUEST, params) == 1
         self._execute(transitions.INSERT_LEASE, params)
         self._journal("request_admitted", "queued", "admitted", now)
@@ -174,11 +233,15 @@ class FloorConnector:
 
     def _move(self, lease: tuple[str, str, int, str, str], target: str, kind: str, now: int) -> None:
         lease_id, request_id, generation, owner, phase = lease
-        fence = {"lease_id": lease_id, "owner_instance_id": owner, "generation": generation, "phase": phase,
-                 "now": now}
+        fence = {"lease_id": lease_id, "owner_instance_id": owner, "generation": generation, "phase": phase, "now": now}
         assert self._execute(transitions.SET_LEASE_PHASE, {**fence, "source": phase, "target": target}) == 1
-        assert self._execute(transitions.SET_REQUEST_STATE, {"request_id": request_id, "generation": generation,
-                                                             "now": now, "source": phase, "target": target}) == 1
+        assert (
+            self._execute(
+                transitions.SET_REQUEST_STATE,
+                {"request_id": request_id, "generation": generation, "now": now, "source": phase, "target": target},
+            )
+            == 1
+        )
         if target == "active":
             self._execute(transitions.DELETE_PAYLOAD, {"request_id": request_id})
         self._journal(kind, phase, target, now)
@@ -205,8 +268,10 @@ class FloorConnector:
         self._move(lease, "dispatch_intent", "request_dispatch_intent", now)
         values = (request_id, generation, self.owner, *self._identity_tail)
         names = [field.name for field in attrs.fields(IdentityRow)]
-        self._execute(dispatch.INSERT_IDENTITY, {"lease_id": lease_id, "now": now, "host_id": self.host_id,
-                                                 **dict(zip(names, values, strict=True))})
+        self._execute(
+            dispatch.INSERT_IDENTITY,
+            {"lease_id": lease_id, "now": now, "host_id": self.host_id, **dict(zip(names, values, strict=True))},
+        )
         self._commit()
 
     def mark_active(self, lease_id: str, generation: int, now: int) -> None:
@@ -225,14 +290,25 @@ class FloorConnector:
         request_id = lease[1]
         assert self._one(requests.SELECT_REQUEST_META, {"request_id": request_id}) is not None
         request = {"request_id": request_id, "generation": generation, "now": now}
-        assert self._execute(transitions.SET_REQUEST_STATE,
-                             {**request, "source": "active", "target": "provider_terminal"}) == 1
+        assert (
+            self._execute(transitions.SET_REQUEST_STATE, {**request, "source": "active", "target": "provider_terminal"})
+            == 1
+        )
         self._journal("request_provider_terminal", "active", "provider_terminal", now)
-        fence = {"lease_id": lease_id, "owner_instance_id": self.owner, "generation": generation, "phase": "active",
-                 "now": now}
+        fence = {
+            "lease_id": lease_id,
+            "owner_instance_id": self.owner,
+            "generation": generation,
+            "phase": "active",
+            "now": now,
+        }
         assert self._execute(transitions.DELETE_LEASE, fence) == 1
-        assert self._execute(transitions.END_LEASED_REQUEST,
-                             {**request, "source": "provider_terminal", "target": "completed"}) == 1
+        assert (
+            self._execute(
+                transitions.END_LEASED_REQUEST, {**request, "source": "provider_terminal", "target": "completed"}
+            )
+            == 1
+        )
         self._execute(transitions.DELETE_PAYLOAD, {"request_id": request_id})
         self._journal("request_released", "provider_terminal", "completed", now)
         assert self._one(policy.SELECT_POLICY) is None

@@ -97,7 +97,10 @@ def run_together(
     workers = [
         subprocess.Popen(
             [sys.executable, *options.get(index, []), "-m", module, *arguments, "--index", str(index)],
-            cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         for index in range(count)
     ]
@@ -125,8 +128,7 @@ def run_together(
 def own_seconds(stats: Any, needle: str) -> float:
     """Own (``tottime``) seconds of every profiled function whose name contains ``needle``."""
     return sum(
-        tottime for (_file, _line, name), (_cc, _nc, tottime, _ct, _callers) in stats.stats.items()
-        if needle in name
+        tottime for (_file, _line, name), (_cc, _nc, tottime, _ct, _callers) in stats.stats.items() if needle in name
     )
 
 
@@ -199,8 +201,14 @@ class TurnDriver:
         ops = self.op_times
         t0 = clock()
         plane.enqueue_with_payload(
-            request_id=request_id, session_id="session-1", agent_id="agent-0", fingerprint="fp-1",
-            provider="antigravity", model="model-bench", now=now, plaintext=f"prompt {request_id}",
+            request_id=request_id,
+            session_id="session-1",
+            agent_id="agent-0",
+            fingerprint="fp-1",
+            provider="antigravity",
+            model="model-bench",
+            now=now,
+            plaintext=f"prompt {request_id}",
             expires_at=now + 1_800_001,
         )
         t1 = clock()
@@ -211,8 +219,13 @@ class TurnDriver:
         plane.mark_starting(lease, now + 2)
         t3 = clock()
         record = DispatchRecord(
-            request_id=request_id, lease_id=lease.lease_id, generation=lease.generation,
-            owner_instance_id=self.owner, connector=plane.owner_identity, child=self.child, prompt_channel="stdin",
+            request_id=request_id,
+            lease_id=lease.lease_id,
+            generation=lease.generation,
+            owner_instance_id=self.owner,
+            connector=plane.owner_identity,
+            child=self.child,
+            prompt_channel="stdin",
         )
         result = plane.commit_dispatch_intent(record)
         t4 = clock()

@@ -31,7 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", required=True, help="JSON list: the five policy integers")
     args = parser.parse_args(argv)
     plane = AdmissionPlane(
-        args.database, policy=Policy(*json.loads(args.policy)), encryption_key=ENCRYPTION_KEY,
+        args.database,
+        policy=Policy(*json.loads(args.policy)),
+        encryption_key=ENCRYPTION_KEY,
         content_fingerprint_key=CONTENT_KEY,
     )
     if args.mode == "polling":
@@ -48,8 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     request_id = f"waiter-{args.index}"
     now = wall_ms()
     plane.enqueue_with_payload(
-        request_id=request_id, session_id=f"session-{args.index}", agent_id=f"waiter-{args.index}",
-        fingerprint="fp-1", provider="antigravity", model="model-bench", now=now, plaintext="prompt",
+        request_id=request_id,
+        session_id=f"session-{args.index}",
+        agent_id=f"waiter-{args.index}",
+        fingerprint="fp-1",
+        provider="antigravity",
+        model="model-bench",
+        now=now,
+        plaintext="prompt",
         expires_at=now + 1_800_001,
     )
     print("ready", flush=True)

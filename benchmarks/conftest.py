@@ -47,8 +47,9 @@ TMPFS = Path("/dev/shm")
 
 def _filesystem(path: Path) -> str:
     try:
-        out = subprocess.run(["findmnt", "-n", "-o", "FSTYPE", "-T", str(path)], capture_output=True, text=True,
-                             check=False, timeout=10)
+        out = subprocess.run(
+            ["findmnt", "-n", "-o", "FSTYPE", "-T", str(path)], capture_output=True, text=True, check=False, timeout=10
+        )
         lines = out.stdout.split()
         return lines[0] if lines else "unknown"
     except OSError:
@@ -114,8 +115,9 @@ def postgres_database() -> Iterator[_PostgresDatabase]:
         admin_url = admin_url.set(drivername="postgresql+psycopg")
     shown = admin_url.render_as_string(hide_password=True)
     name = f"ap_bench_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=NullPool,
-                          connect_args={"connect_timeout": 5})
+    admin = create_engine(
+        admin_url, isolation_level="AUTOCOMMIT", poolclass=NullPool, connect_args={"connect_timeout": 5}
+    )
     try:
         with admin.connect() as connection:
             connection.execute(text(f'CREATE DATABASE "{name}"'))
@@ -154,10 +156,16 @@ def postgres_url(postgres_database: _PostgresDatabase) -> str:
     engine = create_engine(url, poolclass=NullPool)
     try:
         with engine.begin() as connection:
-            names = connection.execute(text(
-                "SELECT table_name FROM information_schema.tables"
-                " WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'"
-            )).scalars().all()
+            names = (
+                connection.execute(
+                    text(
+                        "SELECT table_name FROM information_schema.tables"
+                        " WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'"
+                    )
+                )
+                .scalars()
+                .all()
+            )
             tables = ", ".join(f'"{name}"' for name in sorted(set(names) - PG_KEPT_TABLES))
             if tables:
                 connection.execute(text(f"TRUNCATE TABLE {tables} RESTART IDENTITY CASCADE"))

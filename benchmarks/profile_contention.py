@@ -46,19 +46,34 @@ def main(argv: list[str] | None = None) -> None:
     database = args.database or str(migrated(folder / "contention.sqlite"))
     profile = folder / "worker0.prof"
     arguments = [
-        "--database", database, "--seconds", str(args.seconds), "--hold-ms", str(args.hold_ms),
-        "--poll-ms", str(args.poll_ms), "--policy", json.dumps(list(CONTENTION_POLICY.as_tuple())),
+        "--database",
+        database,
+        "--seconds",
+        str(args.seconds),
+        "--hold-ms",
+        str(args.hold_ms),
+        "--poll-ms",
+        str(args.poll_ms),
+        "--policy",
+        json.dumps(list(CONTENTION_POLICY.as_tuple())),
     ]
     reports = run_together(
-        "benchmarks._contention_worker", arguments, args.processes, args.seconds + 120,
+        "benchmarks._contention_worker",
+        arguments,
+        args.processes,
+        args.seconds + 120,
         interpreter_options={0: ["-m", "cProfile", "-o", str(profile)]},
     )
     total = sum(report["turns_in_window"] for report in reports)
-    print(f"P = {args.processes}: {total / args.seconds:.1f} turns/s in the window; "
-          f"worker CPU {sum(report['cpu_s'] for report in reports):.2f} s of {os.cpu_count()} cores x {args.seconds} s")
+    print(
+        f"P = {args.processes}: {total / args.seconds:.1f} turns/s in the window; "
+        f"worker CPU {sum(report['cpu_s'] for report in reports):.2f} s of {os.cpu_count()} cores x {args.seconds} s"
+    )
     for report in reports:
-        print(f"  worker {report['index']}: {report['turns_in_window']} turns, {report['admission_polls']} polls, "
-              f"CPU {report['cpu_s']:.2f} s, errors {report['errors']}")
+        print(
+            f"  worker {report['index']}: {report['turns_in_window']} turns, {report['admission_polls']} polls, "
+            f"CPU {report['cpu_s']:.2f} s, errors {report['errors']}"
+        )
     units = sum(report["gate_units"] for report in reports)
     if units:
         held = sum(report["gate_held_s"] for report in reports) / units * 1e6
@@ -75,9 +90,11 @@ def main(argv: list[str] | None = None) -> None:
     for caller, seconds in sorted(sleeps.items(), key=lambda item: -item[1]):
         print(f"  time.sleep from {caller}: {seconds:.2f} s ({seconds / wall:.0%})")
     rest = wall - slept - execute - commit
-    print(f"  driver execute/fetch: {execute:.2f} s ({execute / wall:.0%}); "
-          f"commit: {commit:.2f} s ({commit / wall:.0%}); "
-          f"the rest (Python, and waiting for a CPU): {rest:.2f} s ({rest / wall:.0%})")
+    print(
+        f"  driver execute/fetch: {execute:.2f} s ({execute / wall:.0%}); "
+        f"commit: {commit:.2f} s ({commit / wall:.0%}); "
+        f"the rest (Python, and waiting for a CPU): {rest:.2f} s ({rest / wall:.0%})"
+    )
     print_profile(stats, out, args.top)
 
 

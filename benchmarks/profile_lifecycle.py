@@ -45,9 +45,11 @@ def main(argv: list[str] | None = None) -> None:
     execute = own_seconds(stats, "method 'execute' of 'sqlite3.Cursor'")
     commit = own_seconds(stats, "method 'commit' of 'sqlite3.Connection'")
     print(f"{args.turns} turns in {total:.3f} s profiled ({args.turns / total:.0f} turns/s under the profiler)")
-    print(f"sqlite3 Cursor.execute: {execute:.3f} s ({execute / total:.0%}); "
-          f"Connection.commit: {commit:.3f} s ({commit / total:.0%}); "
-          f"everything else (Python): {total - execute - commit:.3f} s ({(total - execute - commit) / total:.0%})")
+    print(
+        f"sqlite3 Cursor.execute: {execute:.3f} s ({execute / total:.0%}); "
+        f"Connection.commit: {commit:.3f} s ({commit / total:.0%}); "
+        f"everything else (Python): {total - execute - commit:.3f} s ({(total - execute - commit) / total:.0%})"
+    )
     print_profile(stats, out, args.top)
 
 

@@ -50,12 +50,18 @@ def _per_unit(reports: list[dict[str, Any]], total: str, units: str) -> float:
 def run_contention(path: str | Path, processes: int, hold_ms: int, poll_ms: int = 1) -> dict[str, Any]:
     """Start ``processes`` workers on ``path`` (SQLite file or database URL), release them together, gather figures."""
     arguments = [
-        "--database", os.fspath(path), "--seconds", str(CONTENTION_SECONDS), "--hold-ms", str(hold_ms),
-        "--policy", json.dumps(list(CONTENTION_POLICY.as_tuple())), "--poll-ms", str(poll_ms),
+        "--database",
+        os.fspath(path),
+        "--seconds",
+        str(CONTENTION_SECONDS),
+        "--hold-ms",
+        str(hold_ms),
+        "--policy",
+        json.dumps(list(CONTENTION_POLICY.as_tuple())),
+        "--poll-ms",
+        str(poll_ms),
     ]
-    reports = run_together(
-        "benchmarks._contention_worker", arguments, processes, CONTENTION_SECONDS + START_TIMEOUT_S
-    )
+    reports = run_together("benchmarks._contention_worker", arguments, processes, CONTENTION_SECONDS + START_TIMEOUT_S)
     errors: Counter[str] = Counter()
     for report in reports:
         errors.update(report["errors"])
@@ -92,9 +98,7 @@ def test_contention(benchmark, disk_dir: Path, processes: int, hold_ms: int, pol
     _measure(benchmark, "contention", migrated(disk_dir / "contention.sqlite"), processes, hold_ms, poll_ms)
 
 
-def _measure(
-    benchmark, key: str, target: str | Path, processes: int, hold_ms: int, poll_ms: int
-) -> None:
+def _measure(benchmark, key: str, target: str | Path, processes: int, hold_ms: int, poll_ms: int) -> None:
     """One contention case on ``target``, timed once, recorded under ``RESULTS[key]`` and checked."""
     figures: dict[str, Any] = {}
 
@@ -123,7 +127,8 @@ def _check(target: str | Path, figures: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("processes", "hold_ms", "poll_ms"), PG_CONTENTION_CASES,
+    ("processes", "hold_ms", "poll_ms"),
+    PG_CONTENTION_CASES,
     ids=[f"P{p}-hold{h}-poll{q}" for p, h, q in PG_CONTENTION_CASES],
 )
 def test_contention_postgres(benchmark, postgres_url: str, processes: int, hold_ms: int, poll_ms: int) -> None:

@@ -47,8 +47,14 @@ _DIALECT = sqlite.dialect()
 
 def _enqueue(plane: AdmissionPlane, request_id: str, agent: int, now: int) -> None:
     plane.enqueue_with_payload(
-        request_id=request_id, session_id="session-1", agent_id=f"agent-{agent}", fingerprint="fp-1",
-        provider="antigravity", model="model-bench", now=now, plaintext=f"prompt {request_id}",
+        request_id=request_id,
+        session_id="session-1",
+        agent_id=f"agent-{agent}",
+        fingerprint="fp-1",
+        provider="antigravity",
+        model="model-bench",
+        now=now,
+        plaintext=f"prompt {request_id}",
         expires_at=now + 1_800_001,
     )
 
@@ -61,8 +67,13 @@ def _hold_seat(plane: AdmissionPlane, request_id: str, agent: int, now: int) -> 
     assert lease is not None
     plane.mark_starting(lease, now + 2)
     record = DispatchRecord(
-        request_id=request_id, lease_id=lease.lease_id, generation=lease.generation, owner_instance_id=owner,
-        connector=plane.owner_identity, child=capture(plane.owner_identity.process.pid), prompt_channel="stdin",
+        request_id=request_id,
+        lease_id=lease.lease_id,
+        generation=lease.generation,
+        owner_instance_id=owner,
+        connector=plane.owner_identity,
+        child=capture(plane.owner_identity.process.pid),
+        prompt_channel="stdin",
     )
     assert plane.commit_dispatch_intent(record).ok
     plane.mark_active(lease, now + 4)
@@ -76,25 +87,48 @@ def _bulk_queue(path: Path, depth: int, start: int) -> None:
         request_id, now = f"queued-{index:05d}", start + index
         plaintext = f"prompt {request_id}"
         sealed = seal(encryption, request_id, plaintext)
-        request_rows.append({
-            "request_id": request_id, "session_id": "session-1", "agent_id": f"agent-{index % AGENTS}",
-            "fingerprint": "fp-1", "provider": "antigravity", "model": "model-bench", "now": now,
-            "deadline_at": now + 1_800_000,
-        })
-        payloads.append({
-            "request_id": request_id, "nonce": sealed.nonce, "ciphertext": sealed.ciphertext,
-            "auth_tag": sealed.auth_tag, "key_version": sealed.key_version,
-            "content_fingerprint": content_fingerprint(content, request_id, plaintext),
-            "expires_at": now + 1_800_001, "now": now,
-        })
-        events.append({"kind": "request_enqueued", "from_state": "absent", "to_state": "queued", "now": now,
-                       "correlation_hmac": event_correlation(content, request_id)})
+        request_rows.append(
+            {
+                "request_id": request_id,
+                "session_id": "session-1",
+                "agent_id": f"agent-{index % AGENTS}",
+                "fingerprint": "fp-1",
+                "provider": "antigravity",
+                "model": "model-bench",
+                "now": now,
+                "deadline_at": now + 1_800_000,
+            }
+        )
+        payloads.append(
+            {
+                "request_id": request_id,
+                "nonce": sealed.nonce,
+                "ciphertext": sealed.ciphertext,
+                "auth_tag": sealed.auth_tag,
+                "key_version": sealed.key_version,
+                "content_fingerprint": content_fingerprint(content, request_id, plaintext),
+                "expires_at": now + 1_800_001,
+                "now": now,
+            }
+        )
+        events.append(
+            {
+                "kind": "request_enqueued",
+                "from_state": "absent",
+                "to_state": "queued",
+                "now": now,
+                "correlation_hmac": event_correlation(content, request_id),
+            }
+        )
     connection = sqlite3.connect(str(path), isolation_level=None)
     try:
         connection.execute("PRAGMA foreign_keys = ON")
         connection.execute("BEGIN IMMEDIATE")
-        for statement, rows in ((requests.INSERT_REQUEST, request_rows), (requests.INSERT_PAYLOAD, payloads),
-                                (journal.INSERT_EVENT, events)):
+        for statement, rows in (
+            (requests.INSERT_REQUEST, request_rows),
+            (requests.INSERT_PAYLOAD, payloads),
+            (journal.INSERT_EVENT, events),
+        ):
             sql, defaults = statement.compiled(_DIALECT)
             assert not defaults
             connection.executemany(sql, rows)
@@ -138,8 +172,13 @@ def queue(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 def _record(operation: str, depth: int, times: list[float], benchmark: Any) -> None:
     stats = summary(times)
-    figures = {"depth": depth, "median_us": stats["median_s"] * 1e6, "mean_us": stats["mean_s"] * 1e6,
-               "min_us": stats["min_s"] * 1e6, "rounds": stats["count"]}
+    figures = {
+        "depth": depth,
+        "median_us": stats["median_s"] * 1e6,
+        "mean_us": stats["mean_s"] * 1e6,
+        "min_us": stats["min_s"] * 1e6,
+        "rounds": stats["count"],
+    }
     benchmark.extra_info.update(figures)
     RESULTS.setdefault("depth", {}).setdefault(operation, {})[str(depth)] = figures
 

@@ -97,8 +97,12 @@ def test_raw_commit_rate(benchmark, storage: tuple[str, Path]) -> None:
         connection.close()
     assert rows == next(counter)
     stats = summary(times)
-    figures = {"commits": stats["count"], "commits_per_s": 1.0 / stats["median_s"],
-               "commit_median_us": stats["median_s"] * 1e6, "commits_per_s_total": stats["count"] / sum(times)}
+    figures = {
+        "commits": stats["count"],
+        "commits_per_s": 1.0 / stats["median_s"],
+        "commit_median_us": stats["median_s"] * 1e6,
+        "commits_per_s_total": stats["count"] / sum(times),
+    }
     benchmark.extra_info.update(figures)
     RESULTS.setdefault("raw_commit", {})[name] = figures
 
@@ -143,8 +147,7 @@ def test_floor_issues_the_service_statements(
         floor.turn("shape-1", 1_000_000)
         floor_trace.clear()
         floor.connection.set_trace_callback(
-            lambda sql: floor_trace.append(sql.upper()) if sql.split(" ", 1)[0].upper() in {"BEGIN", "COMMIT"}
-            else None
+            lambda sql: floor_trace.append(sql.upper()) if sql.split(" ", 1)[0].upper() in {"BEGIN", "COMMIT"} else None
         )
         floor.turn("shape-2", 1_000_010)
     finally:
@@ -166,6 +169,7 @@ def test_paired_lifecycle_and_floor(benchmark, storage: tuple[str, Path], child_
         driver = TurnDriver(plane, child_identity, f"paired-{name}")
         run = _FloorRun(FloorConnector(floor_path, plane.owner_identity, child_identity, plane.host_id))
         try:
+
             def pair() -> None:
                 driver.turn()
                 run.turn()

@@ -40,15 +40,28 @@ def run_waiters(path: Path, mode: str) -> dict[str, Any]:
         now = wall_ms()
         for seat in range(WAITERS_POLICY.max_active_turns):
             holder.enqueue_with_payload(
-                request_id=f"held-{seat}", session_id="holder", agent_id=f"holder-{seat}", fingerprint="fp-1",
-                provider="antigravity", model="model-bench", now=now, plaintext="prompt", expires_at=now + 1_800_001,
+                request_id=f"held-{seat}",
+                session_id="holder",
+                agent_id=f"holder-{seat}",
+                fingerprint="fp-1",
+                provider="antigravity",
+                model="model-bench",
+                now=now,
+                plaintext="prompt",
+                expires_at=now + 1_800_001,
             )
             lease = holder.admit_next(now, "holder")
             assert lease is not None
             leases.append(lease)
         arguments = [
-            "--database", os.fspath(path), "--seconds", str(WAITERS_SECONDS), "--mode", mode,
-            "--policy", json.dumps(list(WAITERS_POLICY.as_tuple())),
+            "--database",
+            os.fspath(path),
+            "--seconds",
+            str(WAITERS_SECONDS),
+            "--mode",
+            mode,
+            "--policy",
+            json.dumps(list(WAITERS_POLICY.as_tuple())),
         ]
         reports = run_together("benchmarks._waiter", arguments, WAITERS, WAITERS_SECONDS + 120)
         for lease in leases:

@@ -49,7 +49,8 @@ def drop_sqlite_reflection_artefacts(migration_context: Any, _revision: Any, dir
 def _without_artefacts(connection: Connection, table: str, table_ops: list[Any]) -> list[Any]:
     info = {row[1]: row for row in connection.exec_driver_sql(f'PRAGMA table_info("{table}")')}
     pragma_fks = {
-        ((row[3],), row[2], (row[4],)): row[6] for row in connection.exec_driver_sql(f'PRAGMA foreign_key_list("{table}")')
+        ((row[3],), row[2], (row[4],)): row[6]
+        for row in connection.exec_driver_sql(f'PRAGMA foreign_key_list("{table}")')
     }
     cascades = {
         (tuple(op.local_cols), op.referent_table, tuple(op.remote_cols))
@@ -62,8 +63,10 @@ def _without_artefacts(connection: Connection, table: str, table_ops: list[Any])
     def artefact(op: Any) -> bool:
         if isinstance(op, ops.AlterColumnOp):
             row = info.get(op.column_name)
-            only_nullable = op.modify_nullable is False and op.existing_nullable is True and not any(
-                (op.modify_type, op.modify_server_default, op.modify_name, op.modify_comment)
+            only_nullable = (
+                op.modify_nullable is False
+                and op.existing_nullable is True
+                and not any((op.modify_type, op.modify_server_default, op.modify_name, op.modify_comment))
             )
             return only_nullable and row is not None and row[5] > 0 and row[3] == 0
         if isinstance(op, ops.CreateForeignKeyOp):

@@ -36,8 +36,19 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Comp
         "BENCH_RESULTS_DIR": str(results),
         "BENCH_DISK_DIR": str(tmp_path_factory.mktemp("bench-db")),
     }
-    command = [sys.executable, "-m", "pytest", "benchmarks", "--benchmark-disable", "-q", "-p", "no:cacheprovider",
-               "-o", "addopts=", "--timeout=240"]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "benchmarks",
+        "--benchmark-disable",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "addopts=",
+        "--timeout=240",
+    ]
     completed = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
     report_path = results / "ratios.json"
     report = json.loads(report_path.read_text(encoding="utf-8")) if report_path.exists() else {}

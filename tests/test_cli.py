@@ -42,8 +42,7 @@ def environment(tmp_path: Path) -> dict[str, str]:
 
 def cli(workdir: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """Run ``python -m admission_plane ARGS`` in ``workdir``."""
-    return subprocess.run([*CLI, *args], cwd=workdir, env=env, capture_output=True, text=True, timeout=60,
-                          check=False)
+    return subprocess.run([*CLI, *args], cwd=workdir, env=env, capture_output=True, text=True, timeout=60, check=False)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], fragment: str) -> None:
@@ -73,22 +72,46 @@ def migrated(workdir: Path, environment: dict[str, str]) -> str:
 @pytest.fixture
 def plane(migrated: str) -> Iterator[AdmissionPlane]:
     """An in-process plane on the migrated file, with the same keys the commands use."""
-    with AdmissionPlane(migrated, policy=POLICY, encryption_key=bytes.fromhex(ENCRYPTION_HEX),
-                        content_fingerprint_key=bytes.fromhex(CONTENT_HEX)) as opened:
+    with AdmissionPlane(
+        migrated,
+        policy=POLICY,
+        encryption_key=bytes.fromhex(ENCRYPTION_HEX),
+        content_fingerprint_key=bytes.fromhex(CONTENT_HEX),
+    ) as opened:
         yield opened
 
 
 def enqueue(plane: AdmissionPlane, request_id: str, now: int, model: str = "m") -> None:
     """Queue ``request_id`` with a payload."""
-    plane.enqueue_with_payload(request_id=request_id, session_id="s", agent_id=f"agent-{request_id}",
-                               fingerprint="f", provider="p", model=model, now=now, plaintext="secret prompt",
-                               expires_at=now + 700_000)
+    plane.enqueue_with_payload(
+        request_id=request_id,
+        session_id="s",
+        agent_id=f"agent-{request_id}",
+        fingerprint="f",
+        provider="p",
+        model=model,
+        now=now,
+        plaintext="secret prompt",
+        expires_at=now + 700_000,
+    )
 
 
 # --- help and the console script -------------------------------------------------------------------
 
-COMMANDS = [[], ["db"], ["db", "upgrade"], ["db", "downgrade"], ["db", "current"], ["db", "check"], ["keys"],
-            ["keys", "init"], ["status"], ["events"], ["reap"], ["demo"]]
+COMMANDS = [
+    [],
+    ["db"],
+    ["db", "upgrade"],
+    ["db", "downgrade"],
+    ["db", "current"],
+    ["db", "check"],
+    ["keys"],
+    ["keys", "init"],
+    ["status"],
+    ["events"],
+    ["reap"],
+    ["demo"],
+]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "top")
@@ -106,8 +129,9 @@ def test_console_script_is_installed(workdir: Path, environment: dict[str, str])
     """The ``admission-plane`` console script runs the same command line."""
     script = Path(sys.executable).parent / "admission-plane"
     assert script.exists()
-    result = subprocess.run([str(script), "--help"], cwd=workdir, env=environment, capture_output=True, text=True,
-                            timeout=60, check=False)
+    result = subprocess.run(
+        [str(script), "--help"], cwd=workdir, env=environment, capture_output=True, text=True, timeout=60, check=False
+    )
     assert result.returncode == 0
     assert "db" in result.stdout
 
@@ -128,8 +152,9 @@ def test_db_upgrade_current_check_downgrade_round_trip(workdir: Path, environmen
     assert cli(workdir, env, "db", "upgrade", "--db", database).returncode == 0
 
 
-def test_db_check_reports_a_database_behind_head_with_status_1(migrated: str, workdir: Path,
-                                                               environment: dict[str, str]) -> None:
+def test_db_check_reports_a_database_behind_head_with_status_1(
+    migrated: str, workdir: Path, environment: dict[str, str]
+) -> None:
     """A database one revision behind head fails ``db check`` with one line and exit status 1."""
     assert cli(workdir, environment, "db", "downgrade", "-1", "--db", migrated).returncode == 0
     result = cli(workdir, environment, "db", "check", "--db", migrated)
@@ -153,8 +178,9 @@ def test_db_upgrade_uses_the_state_directory_and_creates_a_private_key_file(
 
 
 @pytest.mark.postgres
-def test_db_and_status_commands_work_on_postgresql(postgres_url: str, workdir: Path,
-                                                   environment: dict[str, str]) -> None:
+def test_db_and_status_commands_work_on_postgresql(
+    postgres_url: str, workdir: Path, environment: dict[str, str]
+) -> None:
     """The same commands migrate, check and inspect a PostgreSQL database."""
     env = keyed(environment)
     assert cli(workdir, env, "db", "upgrade", "--db", postgres_url).returncode == 0
@@ -167,8 +193,9 @@ def test_db_and_status_commands_work_on_postgresql(postgres_url: str, workdir: P
 # --- status, events, reap ----------------------------------------------------------------------------
 
 
-def test_status_reports_queue_seats_leases_and_cooldowns(plane: AdmissionPlane, migrated: str, workdir: Path,
-                                                         environment: dict[str, str]) -> None:
+def test_status_reports_queue_seats_leases_and_cooldowns(
+    plane: AdmissionPlane, migrated: str, workdir: Path, environment: dict[str, str]
+) -> None:
     """``status --json`` counts queued requests, seats by phase and active cooldowns, without identifiers."""
     now = wall_clock_ms()
     enqueue(plane, "r-1", now - 5_000)
@@ -190,8 +217,9 @@ def test_status_reports_queue_seats_leases_and_cooldowns(plane: AdmissionPlane, 
     assert "agent-r-1" not in text + result.stdout
 
 
-def test_events_prints_pages_of_the_sanitized_journal(plane: AdmissionPlane, migrated: str, workdir: Path,
-                                                      environment: dict[str, str]) -> None:
+def test_events_prints_pages_of_the_sanitized_journal(
+    plane: AdmissionPlane, migrated: str, workdir: Path, environment: dict[str, str]
+) -> None:
     """``events`` pages the journal with --after/--limit and never prints identifiers or prompts."""
     now = wall_clock_ms()
     for index in range(3):
@@ -208,14 +236,20 @@ def test_events_prints_pages_of_the_sanitized_journal(plane: AdmissionPlane, mig
     assert "r-0" not in first.stdout + rest.stdout
 
 
-def test_events_follow_tails_new_events_until_interrupted(plane: AdmissionPlane, migrated: str, workdir: Path,
-                                                          environment: dict[str, str]) -> None:
+def test_events_follow_tails_new_events_until_interrupted(
+    plane: AdmissionPlane, migrated: str, workdir: Path, environment: dict[str, str]
+) -> None:
     """``events --follow`` prints events as they are written and exits 0 on SIGINT."""
     now = wall_clock_ms()
     enqueue(plane, "r-a", now)
-    follower = subprocess.Popen([*CLI, "events", "--db", migrated, "--follow", "--interval", "0.05", "--json"],
-                                cwd=workdir, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+    follower = subprocess.Popen(
+        [*CLI, "events", "--db", migrated, "--follow", "--interval", "0.05", "--json"],
+        cwd=workdir,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert follower.stdout is not None
         assert json.loads(follower.stdout.readline())["event_seq"] == 1
@@ -238,16 +272,27 @@ def test_reap_releases_the_seat_of_a_connector_whose_processes_are_gone(
     try:
         connector = ConnectorIdentity.capture(pid=connector_process.pid)
         child = capture(child_process.pid)
-        with AdmissionPlane(migrated, policy=POLICY, encryption_key=bytes.fromhex(ENCRYPTION_HEX),
-                            content_fingerprint_key=bytes.fromhex(CONTENT_HEX), owner_identity=connector) as plane:
+        with AdmissionPlane(
+            migrated,
+            policy=POLICY,
+            encryption_key=bytes.fromhex(ENCRYPTION_HEX),
+            content_fingerprint_key=bytes.fromhex(CONTENT_HEX),
+            owner_identity=connector,
+        ) as plane:
             now = wall_clock_ms()
             enqueue(plane, "r-dead", now)
             lease = plane.admit_next(now, connector.owner_instance_id)
             assert lease is not None
             plane.mark_starting(lease, now + 1)
-            record = DispatchRecord(request_id="r-dead", lease_id=lease.lease_id, generation=lease.generation,
-                                    owner_instance_id=connector.owner_instance_id, connector=connector,
-                                    child=child, prompt_channel="stdin")
+            record = DispatchRecord(
+                request_id="r-dead",
+                lease_id=lease.lease_id,
+                generation=lease.generation,
+                owner_instance_id=connector.owner_instance_id,
+                connector=connector,
+                child=child,
+                prompt_channel="stdin",
+            )
             assert plane.commit_dispatch_intent(record).ok
             alive = json.loads(cli(workdir, keyed(environment), "reap", "--db", migrated, "--json").stdout)
             assert alive["released"] == 0
@@ -295,8 +340,7 @@ def test_foreign_database_is_a_one_line_error(workdir: Path, environment: dict[s
     assert_one_line_error(cli(workdir, keyed(environment), "reap", "--db", str(foreign)), "not an admission plane")
 
 
-def test_drifted_database_fails_the_integrity_check(migrated: str, workdir: Path,
-                                                    environment: dict[str, str]) -> None:
+def test_drifted_database_fails_the_integrity_check(migrated: str, workdir: Path, environment: dict[str, str]) -> None:
     """An unexpected table in a migrated database makes status and check fail closed, in one line."""
     import sqlite3
 
@@ -329,8 +373,9 @@ def test_key_file_readable_by_others_is_refused(migrated: str, workdir: Path, en
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
     assert cli(workdir, environment, "reap", "--db", migrated, "--key-file", str(key_file)).returncode == 0
     key_file.chmod(0o644)
-    assert_one_line_error(cli(workdir, environment, "reap", "--db", migrated, "--key-file", str(key_file)),
-                          "accessible by other users")
+    assert_one_line_error(
+        cli(workdir, environment, "reap", "--db", migrated, "--key-file", str(key_file)), "accessible by other users"
+    )
     assert_one_line_error(cli(workdir, environment, "keys", "init", "--key-file", str(key_file)), "already exists")
 
 

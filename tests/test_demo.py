@@ -10,16 +10,33 @@ from pathlib import Path
 
 import pytest
 
-SHORT = ["--agents", "3", "--turns", "3", "--cooldown-ms", "1500", "--provider-min-ms", "50",
-         "--provider-max-ms", "150"]
+SHORT = [
+    "--agents",
+    "3",
+    "--turns",
+    "3",
+    "--cooldown-ms",
+    "1500",
+    "--provider-min-ms",
+    "50",
+    "--provider-max-ms",
+    "150",
+]
 
 
 def run_demo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """Run the demo as a subprocess from a directory outside the source tree."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ADMISSION_PLANE_")}
     env["XDG_STATE_HOME"] = str(tmp_path / "state")
-    return subprocess.run([sys.executable, "-m", "admission_plane", "demo", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "admission_plane", "demo", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 @pytest.mark.slow
@@ -47,8 +64,21 @@ def test_short_demo_survives_a_capacity_failure_and_a_killed_worker(tmp_path: Pa
 @pytest.mark.slow
 def test_demo_prints_progress_and_a_summary_table_without_faults(tmp_path: Path) -> None:
     """With faults switched off every turn completes, and the text output ends with the summary table."""
-    result = run_demo(tmp_path, "--agents", "2", "--turns", "2", "--provider-min-ms", "10", "--provider-max-ms",
-                      "30", "--no-capacity-fault", "--no-kill-fault", "--progress", "lines")
+    result = run_demo(
+        tmp_path,
+        "--agents",
+        "2",
+        "--turns",
+        "2",
+        "--provider-min-ms",
+        "10",
+        "--provider-max-ms",
+        "30",
+        "--no-capacity-fault",
+        "--no-kill-fault",
+        "--progress",
+        "lines",
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "queued" in result.stdout
     assert "turns completed" in result.stdout

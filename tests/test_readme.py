@@ -70,14 +70,22 @@ def environment(tmp_path: Path) -> dict[str, str]:
 
 def run_shell(block: str, workdir: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """Run ``block`` with ``bash -euo pipefail``, echoing each command (``-x``) for the failure message."""
-    return subprocess.run(["bash", "-euxo", "pipefail", "-c", block], cwd=workdir, env=env, capture_output=True,
-                          text=True, timeout=180, check=False)
+    return subprocess.run(
+        ["bash", "-euxo", "pipefail", "-c", block],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
 
 
 def test_readme_has_the_two_set_up_commands_and_only_known_make_targets() -> None:
     """The README starts users with exactly ``make demo`` and ``make test``; other make lines are known targets."""
-    make_lines = {line.strip() for block in blocks("sh") if is_make_only(block) for line in block.splitlines()
-                  if line.strip()}
+    make_lines = {
+        line.strip() for block in blocks("sh") if is_make_only(block) for line in block.splitlines() if line.strip()
+    }
     assert make_lines <= MAKE_TARGETS_RUN_ELSEWHERE
     assert blocks("sh")[0].split() == ["make", "demo", "make", "test"]
 
@@ -107,8 +115,15 @@ def test_readme_python_example_runs(block: str, tmp_path: Path) -> None:
     """The library example runs as a script and its turn completes."""
     script = tmp_path / "example.py"
     script.write_text(block, encoding="utf-8")
-    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=environment(tmp_path),
-                            capture_output=True, text=True, timeout=120, check=False)
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=environment(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "completed" in result.stdout
 
@@ -116,6 +131,15 @@ def test_readme_python_example_runs(block: str, tmp_path: Path) -> None:
 def test_readme_covers_every_command_line_command() -> None:
     """Each command of ``admission-plane`` appears in a shell block that the tests run."""
     text = "\n".join(SHELL_BLOCKS)
-    for command in ("db upgrade", "db downgrade", "db current", "db check", "keys init", "status", "events",
-                    "reap", "demo"):
+    for command in (
+        "db upgrade",
+        "db downgrade",
+        "db current",
+        "db check",
+        "keys init",
+        "status",
+        "events",
+        "reap",
+        "demo",
+    ):
         assert f"admission-plane {command}" in text, command

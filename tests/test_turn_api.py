@@ -28,8 +28,9 @@ def plane(tmp_path: Path) -> Iterator[AdmissionPlane]:
     """A plane on a freshly migrated SQLite file, with both keys and a two-seat policy."""
     database = tmp_path / "admission.sqlite"
     upgrade(database)
-    with AdmissionPlane(database, policy=POLICY, encryption_key=ENCRYPTION_KEY,
-                        content_fingerprint_key=CONTENT_KEY) as opened:
+    with AdmissionPlane(
+        database, policy=POLICY, encryption_key=ENCRYPTION_KEY, content_fingerprint_key=CONTENT_KEY
+    ) as opened:
         yield opened
 
 
@@ -70,8 +71,13 @@ def test_turn_success_runs_the_whole_lifecycle_and_completes(plane: AdmissionPla
     assert live.waited_ms is not None
     assert read_status(plane.engine, wall_clock_ms()).seats_in_use == 0
     assert kinds(plane) == [
-        "request_enqueued", "request_admitted", "request_starting", "request_dispatch_intent",
-        "request_active", "request_provider_terminal", "request_released",
+        "request_enqueued",
+        "request_admitted",
+        "request_starting",
+        "request_dispatch_intent",
+        "request_active",
+        "request_provider_terminal",
+        "request_released",
     ]
 
 
@@ -168,8 +174,9 @@ def test_waiting_reports_the_queue_position_and_a_timeout_cancels_the_request(pl
         if phase == "queued" and live.snapshot is not None:
             positions.append(live.snapshot.position)
 
-    with pytest.raises(TurnNotAdmittedError, match="timed out"), turn(
-        plane, **options(progress=progress, wait_timeout_ms=50)
+    with (
+        pytest.raises(TurnNotAdmittedError, match="timed out"),
+        turn(plane, **options(progress=progress, wait_timeout_ms=50)),
     ):
         pass
     assert positions

@@ -56,8 +56,11 @@ def cmd_db_downgrade(args: argparse.Namespace) -> int:
     url = database_url(args)
     downgrade(url, args.revision)
     revision = current_revision(url)
-    emit(args, {"database": shown(url), "revision": revision},
-          f"database {shown(url)} is at revision {revision or 'base (no admission tables)'}")
+    emit(
+        args,
+        {"database": shown(url), "revision": revision},
+        f"database {shown(url)} is at revision {revision or 'base (no admission tables)'}",
+    )
     return EXIT_OK
 
 
@@ -66,8 +69,11 @@ def cmd_db_current(args: argparse.Namespace) -> int:
     url = database_url(args)
     revision = current_revision(url)
     state = "head" if revision == HEAD_REVISION else ("not migrated" if revision is None else "behind head")
-    emit(args, {"database": shown(url), "revision": revision, "head": HEAD_REVISION},
-          f"{revision or 'none'} ({state}; head is {HEAD_REVISION})")
+    emit(
+        args,
+        {"database": shown(url), "revision": revision, "head": HEAD_REVISION},
+        f"{revision or 'none'} ({state}; head is {HEAD_REVISION})",
+    )
     return EXIT_OK
 
 
@@ -92,8 +98,9 @@ def cmd_db_check(args: argparse.Namespace) -> int:
                 connection.rollback()
     finally:
         engine.dispose()
-    emit(args, {"database": shown(url), "ok": True},
-          f"database {shown(url)} is at head and matches the schema contract")
+    emit(
+        args, {"database": shown(url), "ok": True}, f"database {shown(url)} is at head and matches the schema contract"
+    )
     return EXIT_OK
 
 
@@ -123,18 +130,26 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"queue depth      {status.queue_depth} ({status.queued_with_payload} with payload)",
         f"oldest wait      {duration(status.oldest_wait_ms)}",
         f"seats in use     {status.seats_in_use} of {seats_of}",
-        "leases by phase  " + (", ".join(
-            f"{phase} {count}" + (f" ({status.suspects_by_phase[phase]} suspect)"
-                                   if phase in status.suspects_by_phase else "")
-            for phase, count in sorted(status.leases_by_phase.items())
-        ) or "none"),
-        "cooldowns        " + (", ".join(
-            f"{provider}/{model} {duration(not_before - status.now)} left"
-            for provider, model, not_before in status.cooldowns
-        ) or "none"),
+        "leases by phase  "
+        + (
+            ", ".join(
+                f"{phase} {count}"
+                + (f" ({status.suspects_by_phase[phase]} suspect)" if phase in status.suspects_by_phase else "")
+                for phase, count in sorted(status.leases_by_phase.items())
+            )
+            or "none"
+        ),
+        "cooldowns        "
+        + (
+            ", ".join(
+                f"{provider}/{model} {duration(not_before - status.now)} left"
+                for provider, model, not_before in status.cooldowns
+            )
+            or "none"
+        ),
         f"drain state      {status.drain_state or 'steady (no durable policy)'}",
-        "requests         " + (", ".join(f"{state} {count}" for state, count in status.requests_by_state.items())
-                               or "none"),
+        "requests         "
+        + (", ".join(f"{state} {count}" for state, count in status.requests_by_state.items()) or "none"),
         f"events           {status.event_count} (last seq {status.last_event_seq})",
     ]
     print("\n".join(lines), flush=True)
@@ -195,5 +210,3 @@ def cmd_demo(args: argparse.Namespace) -> int:
         progress=args.progress,
     )
     return run_demo(options)
-
-

@@ -43,12 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``admission-plane`` (every command has ``--help``)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
-        "--db", metavar="URL",
+        "--db",
+        metavar="URL",
         help=f"database URL or SQLite file path (default: ${DATABASE_URL_VARIABLE}, else {default_database()})",
     )
     common.add_argument("--json", action="store_true", help="print JSON instead of text")
     common.add_argument(
-        "--key-file", metavar="PATH",
+        "--key-file",
+        metavar="PATH",
         help="key file (default: the state directory's; the environment's keys win when set)",
     )
 
@@ -56,77 +58,123 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Operate a durable, cross-process admission plane for AI-agent turns.",
         epilog="Keys come from ADMISSION_PLANE_ENCRYPTION_KEY and ADMISSION_PLANE_CONTENT_KEY (64 hex "
-               "characters each) or from the key file; never from the command line.",
+        "characters each) or from the key file; never from the command line.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    db = commands.add_parser("db", help="migrate and inspect the schema (Alembic)",
-                             description="Run the packaged Alembic history against the database.")
+    db = commands.add_parser(
+        "db",
+        help="migrate and inspect the schema (Alembic)",
+        description="Run the packaged Alembic history against the database.",
+    )
     db_commands = db.add_subparsers(dest="db_command", metavar="ACTION", required=True)
-    upgrade = db_commands.add_parser("upgrade", parents=[common], help="create or upgrade the schema",
-                                     description="Create or upgrade (or adopt a seed database) to REVISION; "
-                                                 "creates the key file when no keys exist yet.")
+    upgrade = db_commands.add_parser(
+        "upgrade",
+        parents=[common],
+        help="create or upgrade the schema",
+        description="Create or upgrade (or adopt a seed database) to REVISION; "
+        "creates the key file when no keys exist yet.",
+    )
     upgrade.add_argument("revision", nargs="?", default="head", help="target revision (default: head)")
     upgrade.set_defaults(handler=cmd_db_upgrade)
-    downgrade = db_commands.add_parser("downgrade", parents=[common], help="downgrade the schema",
-                                       description="Downgrade to REVISION ('base' drops every admission table).")
+    downgrade = db_commands.add_parser(
+        "downgrade",
+        parents=[common],
+        help="downgrade the schema",
+        description="Downgrade to REVISION ('base' drops every admission table).",
+    )
     downgrade.add_argument("revision", help="target revision, e.g. 0002_seed_v2, -1 or base")
     downgrade.set_defaults(handler=cmd_db_downgrade)
-    current = db_commands.add_parser("current", parents=[common], help="print the current revision",
-                                     description="Print the database's Alembic revision and the head.")
+    current = db_commands.add_parser(
+        "current",
+        parents=[common],
+        help="print the current revision",
+        description="Print the database's Alembic revision and the head.",
+    )
     current.set_defaults(handler=cmd_db_current)
-    check = db_commands.add_parser("check", parents=[common], help="verify the schema (exit 1 on drift)",
-                                   description="Compare the database with the model (alembic check) and run "
-                                               "the fail-closed schema integrity check.")
+    check = db_commands.add_parser(
+        "check",
+        parents=[common],
+        help="verify the schema (exit 1 on drift)",
+        description="Compare the database with the model (alembic check) and run "
+        "the fail-closed schema integrity check.",
+    )
     check.set_defaults(handler=cmd_db_check)
 
     keys = commands.add_parser("keys", help="manage the key file", description="Manage the key file.")
     keys_commands = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
-    init = keys_commands.add_parser("init", parents=[common], help="create a new key file (mode 0600)",
-                                    description="Create a key file with two fresh random keys (never printed).")
+    init = keys_commands.add_parser(
+        "init",
+        parents=[common],
+        help="create a new key file (mode 0600)",
+        description="Create a key file with two fresh random keys (never printed).",
+    )
     init.set_defaults(handler=cmd_keys_init)
 
-    status = commands.add_parser("status", parents=[common], help="queue, seats, leases, cooldowns, drain",
-                                 description="Queue depth, oldest wait, seats in use against the policy, "
-                                             "leases by phase with suspects, active cooldowns, drain state.")
+    status = commands.add_parser(
+        "status",
+        parents=[common],
+        help="queue, seats, leases, cooldowns, drain",
+        description="Queue depth, oldest wait, seats in use against the policy, "
+        "leases by phase with suspects, active cooldowns, drain state.",
+    )
     status.set_defaults(handler=cmd_status)
 
-    events = commands.add_parser("events", parents=[common], help="read the sanitized journal",
-                                 description="Print the identifier-free event journal, oldest first.")
-    events.add_argument("--after", type=_non_negative, default=0, metavar="SEQ",
-                        help="start after this event sequence number (default 0)")
+    events = commands.add_parser(
+        "events",
+        parents=[common],
+        help="read the sanitized journal",
+        description="Print the identifier-free event journal, oldest first.",
+    )
+    events.add_argument(
+        "--after",
+        type=_non_negative,
+        default=0,
+        metavar="SEQ",
+        help="start after this event sequence number (default 0)",
+    )
     events.add_argument("--limit", type=_positive, default=100, metavar="N", help="page size, 1..1000 (default 100)")
     events.add_argument("--follow", "-f", action="store_true", help="keep printing new events until interrupted")
-    events.add_argument("--interval", type=float, default=0.5, metavar="SECONDS",
-                        help="polling interval of --follow (default 0.5)")
+    events.add_argument(
+        "--interval", type=float, default=0.5, metavar="SECONDS", help="polling interval of --follow (default 0.5)"
+    )
     events.set_defaults(handler=cmd_events)
 
-    reap = commands.add_parser("reap", parents=[common], help="run one reaper pass with live /proc evidence",
-                               description="Release seats whose connector, child and process group are "
-                                           "proved gone; mark suspects; never requeue.")
+    reap = commands.add_parser(
+        "reap",
+        parents=[common],
+        help="run one reaper pass with live /proc evidence",
+        description="Release seats whose connector, child and process group are "
+        "proved gone; mark suspects; never requeue.",
+    )
     reap.set_defaults(handler=cmd_reap)
 
     demo = commands.add_parser(
-        "demo", parents=[common], help="run agents through the plane with injected faults",
+        "demo",
+        parents=[common],
+        help="run agents through the plane with injected faults",
         description="Start worker processes that submit turns through the high-level API on a fresh SQLite "
-                    "file, inject a provider capacity failure and a SIGKILL mid-dispatch, and check the "
-                    "invariants. Exit status 1 if any invariant was violated.",
+        "file, inject a provider capacity failure and a SIGKILL mid-dispatch, and check the "
+        "invariants. Exit status 1 if any invariant was violated.",
     )
     demo.add_argument("--agents", type=_positive, default=6, help="worker processes (default 6)")
     demo.add_argument("--turns", type=_positive, default=5, help="turns per agent (default 5)")
     demo.add_argument("--seats", type=_positive, default=3, help="policy: max active turns (default 3)")
     demo.add_argument("--starts", type=_positive, default=2, help="policy: max concurrent starts (default 2)")
     demo.add_argument("--start-interval-ms", type=_non_negative, default=0, help="policy: min start interval")
-    demo.add_argument("--cooldown-ms", type=_non_negative, default=4_000,
-                      help="policy: capacity cooldown (default 4000)")
+    demo.add_argument(
+        "--cooldown-ms", type=_non_negative, default=4_000, help="policy: capacity cooldown (default 4000)"
+    )
     demo.add_argument("--models", default="model-a,model-b", help="comma-separated models (default model-a,model-b)")
     demo.add_argument("--provider-min-ms", type=_non_negative, default=200, help="shortest provider call")
     demo.add_argument("--provider-max-ms", type=_non_negative, default=700, help="longest provider call")
     demo.add_argument("--no-capacity-fault", action="store_true", help="do not inject a provider capacity failure")
     demo.add_argument("--no-kill-fault", action="store_true", help="do not SIGKILL a worker mid-dispatch")
-    demo.add_argument("--progress", choices=("auto", "live", "lines", "none"), default="auto",
-                      help="live redrawn line on a terminal, periodic lines otherwise (default auto)")
+    demo.add_argument(
+        "--progress",
+        choices=("auto", "live", "lines", "none"),
+        default="auto",
+        help="live redrawn line on a terminal, periodic lines otherwise (default auto)",
+    )
     demo.set_defaults(handler=cmd_demo)
     return parser
-
-

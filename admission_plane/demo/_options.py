@@ -29,7 +29,6 @@ class DemoOptions:
     queue_timeout_ms: int = 600_000
 
 
-
 class Display:
     """A redrawn line on a terminal, plain periodic lines otherwise."""
 
@@ -62,5 +61,3 @@ class Display:
         if self.mode == "live":
             self.out.write("\r\x1b[K")
             self.out.flush()
-
-

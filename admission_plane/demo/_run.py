@@ -146,11 +146,17 @@ class Demo:
         with open(stderr_path, "w") as stderr:
             process = subprocess.Popen(
                 [
-                    sys.executable, "-m", "admission_plane.demo.worker",
-                    "--db", self.database,
-                    "--agent", agent,
-                    "--policy", json.dumps(list(self.policy.as_tuple())),
-                    "--plan", json.dumps(specs),
+                    sys.executable,
+                    "-m",
+                    "admission_plane.demo.worker",
+                    "--db",
+                    self.database,
+                    "--agent",
+                    agent,
+                    "--policy",
+                    json.dumps(list(self.policy.as_tuple())),
+                    "--plan",
+                    json.dumps(specs),
                 ],
                 stdout=subprocess.PIPE,
                 stderr=stderr,
@@ -185,7 +191,9 @@ class Demo:
             )
             self.out.flush()
         self.plane = AdmissionPlane(
-            self.database, policy=self.policy, encryption_key=self.encryption_key,
+            self.database,
+            policy=self.policy,
+            encryption_key=self.encryption_key,
             content_fingerprint_key=self.content_key,
         )
         started = time.monotonic()
@@ -217,8 +225,10 @@ class Demo:
             self.display.update(self._progress_line(status))
             self._advance_victim()
             workers_done = all(worker.process.poll() is not None for worker in self.workers)
-            victim_done = self.victim is None or self.victim.released_at is not None or (
-                self.victim.killed_at is None and workers_done
+            victim_done = (
+                self.victim is None
+                or self.victim.released_at is not None
+                or (self.victim.killed_at is None and workers_done)
             )
             if workers_done and victim_done and self.messages.empty():
                 return
@@ -287,8 +297,11 @@ class Demo:
     def _advance_victim(self) -> None:
         victim = self.victim
         if victim is None or victim.killed_at is None or victim.child_killed_at is not None:
-            if victim is not None and victim.child_killed_at is not None and victim.released_at is None and (
-                time.monotonic() - victim.child_killed_at > _RELEASE_TIMEOUT_S
+            if (
+                victim is not None
+                and victim.child_killed_at is not None
+                and victim.released_at is None
+                and (time.monotonic() - victim.child_killed_at > _RELEASE_TIMEOUT_S)
             ):
                 self.violations.append("the reaper did not release the killed worker's seat after its child was gone")
                 victim.released_at = time.monotonic()
@@ -320,9 +333,7 @@ class Demo:
         starting = sum(states.get(s, 0) for s in START_WINDOW_PHASES)
         done = sum(states.get(s, 0) for s in TERMINAL_STATES)
         total = self.options.agents * self.options.turns
-        cooling = ", ".join(
-            f"{model} {max(0, nb - status.now) / 1000:.1f}s" for _p, model, nb in status.cooldowns
-        )
+        cooling = ", ".join(f"{model} {max(0, nb - status.now) / 1000:.1f}s" for _p, model, nb in status.cooldowns)
         line = (
             f"queued {states.get(RequestState.QUEUED, 0):>2}  starting {starting:>2}  "
             f"active {states.get(RequestState.ACTIVE, 0):>2}  "
@@ -359,4 +370,3 @@ def _reap_orphan(pid: int) -> None:
             os.waitpid(pid, 0)
 
     threading.Thread(target=wait, daemon=True).start()
-

@@ -76,8 +76,16 @@ def run_worker(args: argparse.Namespace) -> int:
                 if phase == RequestState.QUEUED and turn.snapshot is not None:
                     positions.append(turn.snapshot.position)
                 if phase == RequestState.DISPATCH_INTENT and spec.get("kill_point"):
-                    _emit({"event": "kill_point", "agent": args.agent, "index": spec["index"],
-                           "request_id": spec["request_id"], "child_pid": turn.pid, "worker_pid": _pid()})
+                    _emit(
+                        {
+                            "event": "kill_point",
+                            "agent": args.agent,
+                            "index": spec["index"],
+                            "request_id": spec["request_id"],
+                            "child_pid": turn.pid,
+                            "worker_pid": _pid(),
+                        }
+                    )
                     time.sleep(600)  # the demo kills this process with SIGKILL here
 
             active = Turn(
@@ -105,21 +113,23 @@ def run_worker(args: argparse.Namespace) -> int:
                         live.fail("unknown", code=f"exit-{status}")
             except TurnNotAdmittedError as exc:
                 error = str(exc)
-            _emit({
-                "event": "result",
-                "agent": args.agent,
-                "index": spec["index"],
-                "request_id": spec["request_id"],
-                "model": spec["model"],
-                "outcome": str(active.state) if active.state is not None else "unknown",
-                "enqueued_at": active.enqueued_at,
-                "admitted_at": active.admitted_at,
-                "waited_ms": active.waited_ms,
-                "ended_at": wall_clock_ms(),
-                "max_position": max(positions, default=None),
-                "lease_lost": active.lease_lost,
-                "error": error,
-            })
+            _emit(
+                {
+                    "event": "result",
+                    "agent": args.agent,
+                    "index": spec["index"],
+                    "request_id": spec["request_id"],
+                    "model": spec["model"],
+                    "outcome": str(active.state) if active.state is not None else "unknown",
+                    "enqueued_at": active.enqueued_at,
+                    "admitted_at": active.admitted_at,
+                    "waited_ms": active.waited_ms,
+                    "ended_at": wall_clock_ms(),
+                    "max_position": max(positions, default=None),
+                    "lease_lost": active.lease_lost,
+                    "error": error,
+                }
+            )
     return 0
 
 

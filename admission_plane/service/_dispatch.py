@@ -149,4 +149,3 @@ def _normalize(record: object) -> DispatchRecord | None:
 
 def _not_committed(reason: str) -> DispatchIntentResult:
     return DispatchIntentResult("not_committed", reason=reason)
-

@@ -62,10 +62,7 @@ def begin_soft_drain(ctx: PlaneContext, owner_instance_id: str, now: int) -> Non
             return
         if max_active != DRAIN_FROM_SEATS and drain_state is not DrainState.SOFT_DRAINING_TO_1:
             raise AdmissionRuntimeError("soft drain can only start from a steady three-seat policy")
-        if (
-            drain_state is DrainState.STEADY
-            and tx.execute(START_DRAIN, {"now": now, "owner": owner_instance_id}) != 1
-        ):
+        if drain_state is DrainState.STEADY and tx.execute(START_DRAIN, {"now": now, "owner": owner_instance_id}) != 1:
             raise AdmissionRuntimeError("soft drain could not be started atomically")
         tx.ring(Bell.EVERYONE)
         complete_drain_if_settled(ctx, tx, owner_instance_id, now)

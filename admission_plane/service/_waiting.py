@@ -84,4 +84,3 @@ def _await_doorbell(
 
 def _jitter() -> float:
     return 0.5 + random.random()  # noqa: S311 - jitter, not cryptography
-

@@ -107,9 +107,7 @@ class Lease(Base):
     )
 
     lease_id: Mapped[str] = mapped_column(Text, primary_key=True)
-    request_id: Mapped[str] = mapped_column(
-        Text, ForeignKey("turn_requests.request_id"), nullable=False, unique=True
-    )
+    request_id: Mapped[str] = mapped_column(Text, ForeignKey("turn_requests.request_id"), nullable=False, unique=True)
     generation: Mapped[int] = mapped_column(Int64, nullable=False)
     owner_instance_id: Mapped[str] = mapped_column(Text, nullable=False)
     phase: Mapped[str] = mapped_column(Text, nullable=False)
@@ -161,9 +159,7 @@ class LeaseProcessIdentity(Base):
     __tablename__ = "lease_process_identities"
     __table_args__ = (Index("lease_process_identities_request", "request_id", unique=True),)
 
-    lease_id: Mapped[str] = mapped_column(
-        Text, ForeignKey("leases.lease_id", ondelete="CASCADE"), primary_key=True
-    )
+    lease_id: Mapped[str] = mapped_column(Text, ForeignKey("leases.lease_id", ondelete="CASCADE"), primary_key=True)
     request_id: Mapped[str] = mapped_column(Text, ForeignKey("turn_requests.request_id"), nullable=False)
     lease_generation: Mapped[int] = mapped_column(Int64, nullable=False)
     owner_instance_id: Mapped[str] = mapped_column(Text, nullable=False)

@@ -31,6 +31,7 @@ __all__ = [
     "WaiterEntry",
 ]
 
+
 @attrs.frozen
 class RequestMeta:
     """A request's immutable metadata (what an idempotent enqueue compares)."""

@@ -78,8 +78,9 @@ def _reader(target: Engine | Connection) -> Iterator[tuple[Query, str]]:
     if began:
         deferred(target)  # one consistent snapshot without SQLite's write lock
     try:
-        yield (lambda sql, *params: [tuple(row) for row in target.exec_driver_sql(sql, tuple(params))]), (
-            target.dialect.name
+        yield (
+            (lambda sql, *params: [tuple(row) for row in target.exec_driver_sql(sql, tuple(params))]),
+            (target.dialect.name),
         )
     finally:
         if began:
@@ -91,8 +92,10 @@ def _reader(target: Engine | Connection) -> Iterator[tuple[Query, str]]:
 def _table_names(query: Query, dialect: str) -> set[str]:
     if dialect == "sqlite":
         return {name for (name,) in query("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    return {name for (name,) in query(
-        "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()")}
+    return {
+        name
+        for (name,) in query("SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()")
+    }
 
 
 def _compare_names(kind: str, actual: set[str], expected: set[str]) -> None:
@@ -152,8 +155,10 @@ def _check_sqlite(query: Query, spec: Spec) -> None:
         _compare_names(kind, {name for type_, name, _, _ in master if type_ == kind}, set())
 
     def actual(table: str) -> tuple[tuple[Any, ...], ...]:
-        return tuple((name, type_, bool(notnull), pk, default)
-                     for _, name, type_, notnull, default, pk in query(f'PRAGMA table_info("{table}")'))
+        return tuple(
+            (name, type_, bool(notnull), pk, default)
+            for _, name, type_, notnull, default, pk in query(f'PRAGMA table_info("{table}")')
+        )
 
     def expected(table: str) -> tuple[tuple[Any, ...], ...]:
         return tuple((c.name, c.type, c.notnull, c.pk, c.default) for c in spec.tables[table])
@@ -164,15 +169,19 @@ def _check_sqlite(query: Query, spec: Spec) -> None:
     for table in spec.tables:
         fragments = [check.sqlite_fragment for check in CHECKS if check.table == table]
         expected_checks = sum(fragment.count("CHECK") for fragment in fragments)
-        if any(_normalized(fragment) not in table_sql[table] for fragment in fragments) or len(
-            re.findall(r"\bCHECK\b", table_sql[table], re.IGNORECASE)
-        ) != expected_checks:
+        if (
+            any(_normalized(fragment) not in table_sql[table] for fragment in fragments)
+            or len(re.findall(r"\bCHECK\b", table_sql[table], re.IGNORECASE)) != expected_checks
+        ):
             raise SchemaIntegrityError(f"table {table} CHECK constraints do not match the schema contract")
         foreign_keys = {
             (row[2], row[3], row[4], row[5], row[6]) for row in query(f'PRAGMA foreign_key_list("{table}")')
         }
-        expected_keys = {(fk.target, fk.columns[0], fk.target_columns[0], "NO ACTION", fk.on_delete)
-                         for fk in FOREIGN_KEYS if fk.table == table}
+        expected_keys = {
+            (fk.target, fk.columns[0], fk.target_columns[0], "NO ACTION", fk.on_delete)
+            for fk in FOREIGN_KEYS
+            if fk.table == table
+        }
         if foreign_keys != expected_keys:
             raise SchemaIntegrityError(f"table {table} foreign keys do not match the schema contract")
 
@@ -181,12 +190,20 @@ def _check_sqlite(query: Query, spec: Spec) -> None:
     for index in spec.indexes:
         listed = {row[1]: row for row in query(f'PRAGMA index_list("{index.table}")')}
         row = listed.get(index.name)
-        keys = tuple((name, bool(desc), collation) for _, _, name, desc, collation, key
-                     in query(f'PRAGMA index_xinfo("{index.name}")') if key)
+        keys = tuple(
+            (name, bool(desc), collation)
+            for _, _, name, desc, collation, key in query(f'PRAGMA index_xinfo("{index.name}")')
+            if key
+        )
         expected_keys_ = tuple((name, desc, "BINARY") for name, desc in _index_columns(index))
         where_ok = index.where is None or f"WHERE {index.where}" in _normalized(named[index.name][1])
-        if (row is None or bool(row[2]) != index.unique or bool(row[4]) != (index.where is not None)
-                or keys != expected_keys_ or not where_ok):
+        if (
+            row is None
+            or bool(row[2]) != index.unique
+            or bool(row[4]) != (index.where is not None)
+            or keys != expected_keys_
+            or not where_ok
+        ):
             raise SchemaIntegrityError(f"index {index.name} does not match the schema contract")
 
     unique = set()
@@ -209,17 +226,24 @@ def _check_postgresql(query: Query, spec: Spec) -> None:
         keys = query(
             "SELECT a.attname FROM pg_constraint c JOIN LATERAL unnest(c.conkey) WITH ORDINALITY AS k(attnum, n) "
             "ON TRUE JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.attnum "
-            "WHERE c.contype = 'p' AND c.conrelid = to_regclass(quote_ident(%s)) ORDER BY k.n", table)
+            "WHERE c.contype = 'p' AND c.conrelid = to_regclass(quote_ident(%s)) ORDER BY k.n",
+            table,
+        )
         positions = {name: position for position, (name,) in enumerate(keys, start=1)}
         rows = query(
             "SELECT column_name, data_type, is_nullable, column_default, is_identity FROM information_schema.columns "
-            "WHERE table_schema = current_schema() AND table_name = %s ORDER BY ordinal_position", table)
-        return tuple((name, type_, nullable == "NO", positions.get(name, 0), default, identity == "YES")
-                     for name, type_, nullable, default, identity in rows)
+            "WHERE table_schema = current_schema() AND table_name = %s ORDER BY ordinal_position",
+            table,
+        )
+        return tuple(
+            (name, type_, nullable == "NO", positions.get(name, 0), default, identity == "YES")
+            for name, type_, nullable, default, identity in rows
+        )
 
     def expected(table: str) -> tuple[tuple[Any, ...], ...]:
-        return tuple((c.name, _PG_TYPES[c.type], c.notnull or c.pk > 0, c.pk, c.default, c.identity)
-                     for c in spec.tables[table])
+        return tuple(
+            (c.name, _PG_TYPES[c.type], c.notnull or c.pk > 0, c.pk, c.default, c.identity) for c in spec.tables[table]
+        )
 
     _check_ledger_and_tables(query, spec, _table_names(query, "postgresql"), actual, expected)
 
@@ -230,20 +254,26 @@ def _check_postgresql(query: Query, spec: Spec) -> None:
         "      ON a.attrelid = c.conrelid AND a.attnum = k.n ORDER BY k.i), "
         "ARRAY(SELECT attname FROM unnest(c.confkey) WITH ORDINALITY k(n, i) JOIN pg_attribute a "
         "      ON a.attrelid = c.confrelid AND a.attnum = k.n ORDER BY k.i) "
-        "FROM pg_constraint c WHERE c.connamespace = current_schema()::regnamespace AND c.contype IN ('c', 'f', 'u')")
+        "FROM pg_constraint c WHERE c.connamespace = current_schema()::regnamespace AND c.contype IN ('c', 'f', 'u')"
+    )
     checks = {(table, name, definition) for table, kind, name, definition, *_ in constraints if kind == "c"}
     if checks != {(c.table, c.pg_name, c.pg_definition) for c in CHECKS if c.pg_name is not None}:
         raise SchemaIntegrityError("CHECK constraints do not match the schema contract")
     actions = {"a": "NO ACTION", "c": "CASCADE", "r": "RESTRICT", "n": "SET NULL", "d": "SET DEFAULT"}
-    foreign_keys = {(table, tuple(columns), target, tuple(target_columns), actions.get(delete, delete))
-                    for table, kind, _, _, delete, target, columns, target_columns in constraints if kind == "f"}
+    foreign_keys = {
+        (table, tuple(columns), target, tuple(target_columns), actions.get(delete, delete))
+        for table, kind, _, _, delete, target, columns, target_columns in constraints
+        if kind == "f"
+    }
     if foreign_keys != {(fk.table, fk.columns, fk.target, fk.target_columns, fk.on_delete) for fk in FOREIGN_KEYS}:
         raise SchemaIntegrityError("foreign keys do not match the schema contract")
     unique = {(table, tuple(columns)) for table, kind, _, _, _, _, columns, _ in constraints if kind == "u"}
     if unique != set(UNIQUE_CONSTRAINTS):
         raise SchemaIntegrityError("unique constraints do not match the schema contract")
-    if query("SELECT tgname FROM pg_trigger t JOIN pg_class r ON r.oid = t.tgrelid "
-             "WHERE NOT t.tgisinternal AND r.relnamespace = current_schema()::regnamespace"):
+    if query(
+        "SELECT tgname FROM pg_trigger t JOIN pg_class r ON r.oid = t.tgrelid "
+        "WHERE NOT t.tgisinternal AND r.relnamespace = current_schema()::regnamespace"
+    ):
         raise SchemaIntegrityError("unexpected trigger is present")
 
     indexes = query(
@@ -252,13 +282,16 @@ def _check_postgresql(query: Query, spec: Spec) -> None:
         "ARRAY(SELECT (i.indoption[k - 1] & 1) = 1 FROM generate_series(1, i.indnkeyatts) k ORDER BY k) "
         "FROM pg_index i JOIN pg_class r ON r.oid = i.indexrelid JOIN pg_class t ON t.oid = i.indrelid "
         "WHERE t.relnamespace = current_schema()::regnamespace AND t.relname <> %s "
-        "AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)", VERSION_TABLE)
-    actual = {name: (table, unique_, where, tuple(zip(columns, descending, strict=True)))
-              for name, table, unique_, where, columns, descending in indexes}
+        "AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)",
+        VERSION_TABLE,
+    )
+    actual = {
+        name: (table, unique_, where, tuple(zip(columns, descending, strict=True)))
+        for name, table, unique_, where, columns, descending in indexes
+    }
     _compare_names("index", set(actual), {index.name for index in spec.indexes})
     for index in spec.indexes:
         where = index.pg_where or (None if index.where is None else f"({index.where})")
         expected = (index.table, index.unique, where, _index_columns(index))
         if actual[index.name] != expected:
             raise SchemaIntegrityError(f"index {index.name} does not match the schema contract")
-

@@ -45,8 +45,13 @@ class PlaneStatus:
             for provider, model, not_before in self.cooldowns
         ]
         if self.durable_policy is not None:
-            names = ("max_active_turns", "max_concurrent_starts", "min_start_interval_ms", "queue_timeout_ms",
-                     "capacity_cooldown_ms")
+            names = (
+                "max_active_turns",
+                "max_concurrent_starts",
+                "min_start_interval_ms",
+                "queue_timeout_ms",
+                "capacity_cooldown_ms",
+            )
             data["durable_policy"] = dict(zip(names, self.durable_policy, strict=True))
         return data
 
@@ -56,14 +61,13 @@ def read_status(engine: Engine, now: int) -> PlaneStatus:
     seat_phases = [str(phase) for phase in SEAT_PHASES]
     queued = TurnRequest.state == str(RequestState.QUEUED)
     with engine.connect() as connection, deferred(connection).begin():
-        by_state = dict(connection.execute(
-            select(TurnRequest.state, func.count()).group_by(TurnRequest.state)
-        ).all())
+        by_state = dict(connection.execute(select(TurnRequest.state, func.count()).group_by(TurnRequest.state)).all())
         oldest = connection.execute(select(func.min(TurnRequest.enqueued_at)).where(queued)).scalar()
         with_payload = connection.execute(
-            select(func.count()).select_from(TurnRequest).join(
-                TurnPayload, TurnPayload.request_id == TurnRequest.request_id
-            ).where(queued)
+            select(func.count())
+            .select_from(TurnRequest)
+            .join(TurnPayload, TurnPayload.request_id == TurnRequest.request_id)
+            .where(queued)
         ).scalar_one()
         phases = connection.execute(
             select(

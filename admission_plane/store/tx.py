@@ -29,6 +29,7 @@ _SQLITE_NAMED = sqlite.dialect(paramstyle="named")
 R = TypeVar("R")
 V = TypeVar("V")
 
+
 class Statement:
     """A construct and its compiled SQL per dialect (named parameters, dict arguments).
 

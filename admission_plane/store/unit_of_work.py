@@ -44,8 +44,14 @@ T = TypeVar("T")
 #: ``pg_advisory_xact_lock`` key shared by every writer of one plane ("admissn" in ASCII).
 ADVISORY_LOCK_KEY = 0x61646D697373_6E
 SQLITE_CONTENTION = frozenset(
-    {"SQLITE_BUSY", "SQLITE_BUSY_RECOVERY", "SQLITE_BUSY_SNAPSHOT", "SQLITE_BUSY_TIMEOUT", "SQLITE_LOCKED",
-     "SQLITE_LOCKED_SHAREDCACHE"}
+    {
+        "SQLITE_BUSY",
+        "SQLITE_BUSY_RECOVERY",
+        "SQLITE_BUSY_SNAPSHOT",
+        "SQLITE_BUSY_TIMEOUT",
+        "SQLITE_LOCKED",
+        "SQLITE_LOCKED_SHAREDCACHE",
+    }
 )
 POSTGRES_RETRYABLE = frozenset({"40001", "40P01"})
 DEFAULT_ATTEMPTS = 5

@@ -355,8 +355,6 @@ class Turn:
         return {0: "new", 1: "queued", 2: "leased", 3: "writing", 4: "done"}[self._stage]
 
 
-
-
 def turn(plane: AdmissionService, **options: Any) -> Turn:
     """A :class:`Turn` on ``plane``: use it as ``with turn(plane, ...) as t:`` (see :class:`Turn`)."""
     return Turn(plane, **options)

@@ -284,7 +284,5 @@ def _create_postgresql_tables() -> None:
     op.create_index("lease_process_identities_request", "lease_process_identities", ["request_id"], unique=True)
     op.create_index("start_history_started", "start_history", ["started_at"])
     op.create_index("sessions_updated_at_session_id", "sessions", [sa.text("updated_at DESC"), "session_id"])
-    op.create_index(
-        "sessions_cwd_updated_at_session_id", "sessions", ["cwd", sa.text("updated_at DESC"), "session_id"]
-    )
+    op.create_index("sessions_cwd_updated_at_session_id", "sessions", ["cwd", sa.text("updated_at DESC"), "session_id"])
     op.create_index("events_occurred", "events", ["occurred_at", "event_seq"])

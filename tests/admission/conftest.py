@@ -98,8 +98,11 @@ def reset_postgres(url: str) -> None:
     try:
         execute(url, *statements, foreign_keys=False)
     except OperationalError:
-        query(url, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                   "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        query(
+            url,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
         execute(url, *statements, foreign_keys=False)
 
 

@@ -106,12 +106,15 @@ def execute(database: str, *statements: str, params: Params = (), foreign_keys: 
 def columns(database: str, table: str) -> list[str]:
     """The column names of ``table``, in declaration order."""
     if is_postgres(database):
-        return [row[0] for row in query(
-            database,
-            "SELECT column_name FROM information_schema.columns "
-            "WHERE table_schema = current_schema() AND table_name = ? ORDER BY ordinal_position",
-            (table,),
-        )]
+        return [
+            row[0]
+            for row in query(
+                database,
+                "SELECT column_name FROM information_schema.columns "
+                "WHERE table_schema = current_schema() AND table_name = ? ORDER BY ordinal_position",
+                (table,),
+            )
+        ]
     return [row[1] for row in query(database, f'PRAGMA table_info("{table}")')]
 
 
@@ -151,8 +154,7 @@ _JOURNAL_FAULT = {
     "postgresql": (
         "CREATE FUNCTION abort_event_insert() RETURNS trigger LANGUAGE plpgsql AS "
         "$$ BEGIN RAISE EXCEPTION 'journal fault injected'; END $$",
-        "CREATE TRIGGER abort_event_inserts BEFORE INSERT ON events "
-        "FOR EACH ROW EXECUTE FUNCTION abort_event_insert()",
+        "CREATE TRIGGER abort_event_inserts BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION abort_event_insert()",
     ),
 }
 _CLEAR_JOURNAL_FAULT = {
@@ -187,7 +189,6 @@ def clear_journal_fault(database: str) -> None:
 def exactly(message: str) -> str:
     """A ``pytest.raises(match=...)`` pattern that matches ``message`` and nothing else."""
     return f"^{re.escape(message)}$"
-
 
 
 def cases_with_sqlite_only(names: Iterable[str], sqlite_only: Mapping[str, str]) -> list[Any]:

@@ -18,8 +18,16 @@ OWNER_B = "7c1d2e3f-4a5b-4c6d-9e8f-abcdef012345"
 CREATED_AT = format_created_at(1_700_000_000_000)
 
 
-def process(pid: int, *, boot_id: str = BOOT, start: str | None = None, ns: int = NS, ppid: int = 1,
-            pgrp: int | None = None, session: int | None = None) -> ProcessIdentity:
+def process(
+    pid: int,
+    *,
+    boot_id: str = BOOT,
+    start: str | None = None,
+    ns: int = NS,
+    ppid: int = 1,
+    pgrp: int | None = None,
+    session: int | None = None,
+) -> ProcessIdentity:
     """A process identity; by default its own group and session leader, started at ``pid * 10`` ticks."""
     return ProcessIdentity(
         boot_id=boot_id,

@@ -229,9 +229,7 @@ def test_mark_starting_uses_the_calling_planes_start_interval(make_plane: PlaneF
 # --- AC-43 / AC-44: start bookkeeping and atomicity ---------------------------------------------------------------
 
 
-def test_mark_starting_records_history_moves_both_rows_and_journals(
-    plane: AdmissionPlane, database_url: str
-) -> None:
+def test_mark_starting_records_history_moves_both_rows_and_journals(plane: AdmissionPlane, database_url: str) -> None:
     """AC-43: start_history gains (lease_id, now), lease and request become starting with heartbeat now, one event."""
     enqueue(plane, "started", now=0)
     lease = admit(plane, 1)
@@ -270,9 +268,7 @@ def test_mark_starting_prunes_history_strictly_older_than_the_interval(
     assert sorted(row[0] for row in query(database_url, "SELECT started_at FROM start_history")) == [2_000, 4_000]
 
 
-def test_mark_starting_rolls_back_when_its_event_cannot_be_written(
-    plane: AdmissionPlane, database_url: str
-) -> None:
+def test_mark_starting_rolls_back_when_its_event_cannot_be_written(plane: AdmissionPlane, database_url: str) -> None:
     """AC-44: a journal fault during mark_starting leaves lease and request admitted and no start_history row."""
     enqueue(plane, "started", now=0)
     lease = admit(plane, 1)

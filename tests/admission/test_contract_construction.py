@@ -15,10 +15,20 @@ from admission_plane import AdmissionPlane, InvalidInputError, MissingKeyError, 
 from admission_plane.evidence import capture
 
 PlaneFactory = Callable[..., AdmissionPlane]
-FIELDS = ("max_active_turns", "max_concurrent_starts", "min_start_interval_ms", "queue_timeout_ms",
-          "capacity_cooldown_ms")
-VALID = {"max_active_turns": 3, "max_concurrent_starts": 1, "min_start_interval_ms": 0,
-         "queue_timeout_ms": 1_800_000, "capacity_cooldown_ms": 30_000}
+FIELDS = (
+    "max_active_turns",
+    "max_concurrent_starts",
+    "min_start_interval_ms",
+    "queue_timeout_ms",
+    "capacity_cooldown_ms",
+)
+VALID = {
+    "max_active_turns": 3,
+    "max_concurrent_starts": 1,
+    "min_start_interval_ms": 0,
+    "queue_timeout_ms": 1_800_000,
+    "capacity_cooldown_ms": 30_000,
+}
 NO_CONTENT_KEY = "admission event correlation requires a content fingerprint key"
 NO_ENCRYPTION_KEY = "payload persistence requires an encryption key"
 
@@ -144,8 +154,9 @@ def test_keyless_enqueue_fails_and_leaves_nothing_behind(make_plane: PlaneFactor
     plane = make_plane(encryption_key=None, content_fingerprint_key=None)
     before = table_dump(database_url)
     with pytest.raises(MissingKeyError, match=exactly(NO_CONTENT_KEY)):
-        plane.enqueue(request_id="keyless", session_id="s", agent_id="a", fingerprint="f", provider="p",
-                      model="m", now=0)
+        plane.enqueue(
+            request_id="keyless", session_id="s", agent_id="a", fingerprint="f", provider="p", model="m", now=0
+        )
     assert table_dump(database_url) == before
     assert plane.get_request("keyless") is None
     assert plane.read_sanitized_events(after_event_seq=0, limit=10) == ()
@@ -231,8 +242,9 @@ def test_connections_run_with_the_dialects_settings(plane: AdmissionPlane, datab
 def test_plane_captures_its_own_process_identity_on_open(plane: AdmissionPlane) -> None:
     """AC-05: the constructor captures this process's Linux identity with a random lowercase UUIDv4 owner id."""
     identity = plane.owner_identity
-    assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}",
-                        identity.owner_instance_id)
+    assert re.fullmatch(
+        r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", identity.owner_instance_id
+    )
     assert re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z", identity.created_at)
     assert identity.process == capture(os.getpid())
 

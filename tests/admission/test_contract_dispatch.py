@@ -73,11 +73,28 @@ IDENTITY_COLUMNS = (
 def expected_identity_row(record: DispatchRecord, recorded_at: int) -> tuple[Any, ...]:
     c, child = record.connector.process, record.child
     return (
-        record.lease_id, record.request_id, record.generation, record.owner_instance_id, str(record.prompt_channel),
-        record.connector.owner_instance_id, record.connector.created_at, c.boot_id, c.pid, c.start_time_ticks,
-        c.pid_namespace_inode, c.ppid, c.pgrp, c.session,
-        child.boot_id, child.pid, child.start_time_ticks, child.pid_namespace_inode, child.ppid, child.pgrp,
-        child.session, recorded_at,
+        record.lease_id,
+        record.request_id,
+        record.generation,
+        record.owner_instance_id,
+        str(record.prompt_channel),
+        record.connector.owner_instance_id,
+        record.connector.created_at,
+        c.boot_id,
+        c.pid,
+        c.start_time_ticks,
+        c.pid_namespace_inode,
+        c.ppid,
+        c.pgrp,
+        c.session,
+        child.boot_id,
+        child.pid,
+        child.start_time_ticks,
+        child.pid_namespace_inode,
+        child.ppid,
+        child.pgrp,
+        child.session,
+        recorded_at,
     )
 
 
@@ -117,8 +134,9 @@ def test_dispatch_intent_journals_one_event_at_the_wall_clock(
     """AC-51: one request_dispatch_intent(starting→dispatch_intent) event, stamped by the clock, not a caller value."""
     before = len(event_kinds(database_url))
     clocked.record_process_identity(dispatch_record(clocked, starting))
-    assert query(database_url, "SELECT kind, from_state, to_state, occurred_at FROM events WHERE event_seq > ?",
-                (before,)) == [("request_dispatch_intent", "starting", "dispatch_intent", CLOCK_MS)]
+    assert query(
+        database_url, "SELECT kind, from_state, to_state, occurred_at FROM events WHERE event_seq > ?", (before,)
+    ) == [("request_dispatch_intent", "starting", "dispatch_intent", CLOCK_MS)]
 
 
 def test_dispatch_intent_stamps_the_lease_heartbeat_with_the_wall_clock(
@@ -135,8 +153,10 @@ def test_default_clock_is_the_real_wall_clock_in_milliseconds(plane: AdmissionPl
     low = time.time_ns() // 1_000_000
     plane.record_process_identity(dispatch_record(plane, lease))
     high = time.time_ns() // 1_000_000
-    (recorded_at, heartbeat_at), = query(database_url, "SELECT i.recorded_at, l.heartbeat_at "
-                                        "FROM lease_process_identities i JOIN leases l USING (lease_id)")
+    ((recorded_at, heartbeat_at),) = query(
+        database_url,
+        "SELECT i.recorded_at, l.heartbeat_at FROM lease_process_identities i JOIN leases l USING (lease_id)",
+    )
     assert low <= recorded_at == heartbeat_at <= high
 
 
@@ -157,8 +177,12 @@ def test_seed_camel_case_record_is_accepted(
     [("commit_dispatch_intent", COMMITTED_AGAIN), ("record_process_identity", RECORDED_AGAIN)],
 )
 def test_exact_replay_is_idempotent_from_both_entry_points_and_writes_nothing(
-    clocked: AdmissionPlane, starting: AdmittedLease, database_url: str, entry: str,
-    expected: DispatchIntentResult, shape: str,
+    clocked: AdmissionPlane,
+    starting: AdmittedLease,
+    database_url: str,
+    entry: str,
+    expected: DispatchIntentResult,
+    shape: str,
 ) -> None:
     """AC-51: replaying the recorded identity is idempotent from either entry point and adds no row or event."""
     record = dispatch_record(clocked, starting)
@@ -259,9 +283,7 @@ def test_different_record_after_a_durable_identity_conflicts_from_both_entry_poi
     ]
 
 
-def test_original_record_is_still_idempotent_after_a_conflict(
-    clocked: AdmissionPlane, starting: AdmittedLease
-) -> None:
+def test_original_record_is_still_idempotent_after_a_conflict(clocked: AdmissionPlane, starting: AdmittedLease) -> None:
     """AC-53: a refused conflicting record does not disturb the exact replay of the first one."""
     first = dispatch_record(clocked, starting)
     clocked.record_process_identity(first)
@@ -269,9 +291,7 @@ def test_original_record_is_still_idempotent_after_a_conflict(
     assert clocked.commit_dispatch_intent(first) == COMMITTED_AGAIN
 
 
-def test_record_for_an_evidence_free_dispatch_intent_conflicts(
-    clocked: AdmissionPlane, database_url: str
-) -> None:
+def test_record_for_an_evidence_free_dispatch_intent_conflicts(clocked: AdmissionPlane, database_url: str) -> None:
     """AC-53: a lease that reached dispatch_intent without evidence cannot get an identity afterwards."""
     lease = lease_in_phase(clocked, "dispatch_intent", identity=False)
     before = table_dump(database_url)
@@ -327,8 +347,9 @@ INVALID: dict[str, Mutation] = {
     "uppercase owner UUID": lambda m: _set(("ownerInstanceId",), m["ownerInstanceId"].upper())(
         _set((*CONNECTOR, "ownerInstanceId"), m["ownerInstanceId"].upper())(m)
     ),
-    "free-form owner id": lambda m: _set(("ownerInstanceId",), "owner-1")(_set((*CONNECTOR, "ownerInstanceId"),
-                                                                                "owner-1")(m)),
+    "free-form owner id": lambda m: _set(("ownerInstanceId",), "owner-1")(
+        _set((*CONNECTOR, "ownerInstanceId"), "owner-1")(m)
+    ),
     "UUID v1 owner": lambda m: _set(("ownerInstanceId",), "6ba7b810-9dad-11d1-80b4-00c04fd430c8")(
         _set((*CONNECTOR, "ownerInstanceId"), "6ba7b810-9dad-11d1-80b4-00c04fd430c8")(m)
     ),
@@ -453,11 +474,15 @@ def test_driver_error_inside_the_transaction_is_reported_as_transaction_fault(
 # --- AC-58 identity rows follow the lease ---------------------------------------------------------------
 
 FREEING: dict[str, tuple[str, Callable[[AdmissionPlane, AdmittedLease], object]]] = {
-    "complete_live_turn": ("active", lambda p, lease: p.complete_live_turn(lease, 9_000,
-                                                                              LiveTurnCompletion("completed"))),
+    "complete_live_turn": (
+        "active",
+        lambda p, lease: p.complete_live_turn(lease, 9_000, LiveTurnCompletion("completed")),
+    ),
     "abandon_before_prompt": ("dispatch_intent", lambda p, lease: p.abandon_before_prompt(lease, 9_000, "failed")),
-    "release_exited_recovery_seat": ("recovery_required", lambda p, lease: p.release_exited_recovery_seat(lease,
-                                                                                                        9_000)),
+    "release_exited_recovery_seat": (
+        "recovery_required",
+        lambda p, lease: p.release_exited_recovery_seat(lease, 9_000),
+    ),
 }
 
 

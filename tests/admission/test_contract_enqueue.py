@@ -43,8 +43,10 @@ NOT_QUEUED = "request is no longer queued"
 CONFLICT = "request identity was reused with different immutable metadata"
 PAYLOAD_CONFLICT = "request already has a different durable payload"
 BAD_EXPIRY = "payload expiry must be after persistence time"
-OWNER_COLUMNS = ("owner_instance_id, created_at, boot_id, pid, start_time_ticks, pid_namespace_inode, ppid, pgrp,"
-                 " session, recorded_at")
+OWNER_COLUMNS = (
+    "owner_instance_id, created_at, boot_id, pid, start_time_ticks, pid_namespace_inode, ppid, pgrp,"
+    " session, recorded_at"
+)
 UUID_V4 = r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
 
 
@@ -87,10 +89,15 @@ def test_new_request_is_queued_with_deadline_and_generation_zero(plane: Admissio
     """AC-06: the first enqueue returns existed=False and stores a queued row with deadline now + queue timeout."""
     assert enqueue(plane, "new", "agent-x", now=0).existed is False
     row = request_row(database_url, "new")
-    assert {key: row[key] for key in ("state", "agent_id", "enqueued_at", "deadline_at", "lease_generation",
-                                       "terminal_at")} == {
-        "state": "queued", "agent_id": "agent-x", "enqueued_at": 0, "deadline_at": 1_800_000,
-        "lease_generation": 0, "terminal_at": None,
+    assert {
+        key: row[key] for key in ("state", "agent_id", "enqueued_at", "deadline_at", "lease_generation", "terminal_at")
+    } == {
+        "state": "queued",
+        "agent_id": "agent-x",
+        "enqueued_at": 0,
+        "deadline_at": 1_800_000,
+        "lease_generation": 0,
+        "terminal_at": None,
     }
 
 
@@ -102,9 +109,7 @@ def test_new_request_journals_one_enqueued_event_at_now(plane: AdmissionPlane, d
     ]
 
 
-def test_metadata_only_enqueue_returns_a_new_request_without_payload(
-    plane: AdmissionPlane, database_url: str
-) -> None:
+def test_metadata_only_enqueue_returns_a_new_request_without_payload(plane: AdmissionPlane, database_url: str) -> None:
     """AC-06: plain enqueue creates the same queued row and event, but no payload row."""
     result = bare(plane, "bare", now=7)
     assert (result.request_id, result.existed) == ("bare", False)
@@ -304,9 +309,7 @@ def test_persisting_a_payload_makes_a_metadata_only_request_eligible(plane: Admi
 # --- AC-12: atomic payload enqueue ----------------------------------------------------------------------
 
 
-def test_payload_enqueue_replay_with_the_same_prompt_is_idempotent(
-    plane: AdmissionPlane, database_url: str
-) -> None:
+def test_payload_enqueue_replay_with_the_same_prompt_is_idempotent(plane: AdmissionPlane, database_url: str) -> None:
     """AC-12: the same request with the same prompt returns existed=True and rewrites nothing."""
     assert enqueue(plane, "atomic", plaintext="prompt-a").existed is False
     before = table_dump(database_url)
@@ -442,8 +445,18 @@ def test_enqueue_binds_the_request_to_the_planes_own_identity(plane: AdmissionPl
     assert (row["owner"], row["owner_at"]) == (owner.owner_instance_id, 1_234)
     process = owner.process
     assert query(database_url, f"SELECT {OWNER_COLUMNS} FROM queued_owner_instances") == [
-        (owner.owner_instance_id, owner.created_at, process.boot_id, process.pid, process.start_time_ticks,
-         process.pid_namespace_inode, process.ppid, process.pgrp, process.session, 1_234)
+        (
+            owner.owner_instance_id,
+            owner.created_at,
+            process.boot_id,
+            process.pid,
+            process.start_time_ticks,
+            process.pid_namespace_inode,
+            process.ppid,
+            process.pgrp,
+            process.session,
+            1_234,
+        )
     ]
     assert re.fullmatch(UUID_V4, row["owner"])
 
@@ -499,9 +512,7 @@ def test_same_owner_id_with_a_different_identity_field_is_a_conflict(
     assert table_dump(database_url) == before
 
 
-def test_a_different_owner_re_enqueuing_keeps_the_first_binding(
-    make_plane: PlaneFactory, database_url: str
-) -> None:
+def test_a_different_owner_re_enqueuing_keeps_the_first_binding(make_plane: PlaneFactory, database_url: str) -> None:
     """AC-17: another connector re-enqueueing an existing queued request is idempotent and keeps the first owner."""
     first, second = make_plane(), make_plane()
     enqueue(first, "shared", now=0)

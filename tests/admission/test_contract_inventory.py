@@ -155,9 +155,7 @@ SQLITE_ONLY_CORRUPTIONS = {
     "corruption",
     cases_with_sqlite_only(CORRUPTIONS, SQLITE_ONLY_CORRUPTIONS),
 )
-def test_corrupt_durable_row_fails_the_whole_listing(
-    plane: AdmissionPlane, database_url: str, corruption: str
-) -> None:
+def test_corrupt_durable_row_fails_the_whole_listing(plane: AdmissionPlane, database_url: str, corruption: str) -> None:
     """AC-89: any untrustworthy lease, request or identity row makes the listing raise, naming nothing."""
     lease_in_phase(plane, "dispatch_intent", now=100)
     execute(database_url, *CORRUPTIONS[corruption], foreign_keys=False)
@@ -234,9 +232,7 @@ OWNER_CORRUPTIONS: dict[str, tuple[str, ...]] = {
 
 
 @pytest.mark.parametrize("corruption", OWNER_CORRUPTIONS)
-def test_corrupt_queued_owner_row_fails_the_listing(
-    plane: AdmissionPlane, database_url: str, corruption: str
-) -> None:
+def test_corrupt_queued_owner_row_fails_the_listing(plane: AdmissionPlane, database_url: str, corruption: str) -> None:
     """AC-90: an owner row that is not a valid connector identity raises RecoverableDispatchInventoryError."""
     enqueue(plane, "r1", now=100)
     execute(database_url, *OWNER_CORRUPTIONS[corruption], foreign_keys=False)

@@ -31,8 +31,11 @@ CONTRACT_ALLOWLIST = {
     ("request_enqueued", "absent", "queued"),
     ("request_cancelled", "queued", "cancelled"),
     ("queued_owner_dead", "queued", "cancelled"),
-    *(("request_abandoned", phase, outcome) for phase in ("admitted", "starting", "dispatch_intent")
-      for outcome in ("failed", "cancelled")),
+    *(
+        ("request_abandoned", phase, outcome)
+        for phase in ("admitted", "starting", "dispatch_intent")
+        for outcome in ("failed", "cancelled")
+    ),
     ("request_queue_timed_out", "queued", "queue_timeout"),
     ("request_admitted", "queued", "admitted"),
     ("request_starting", "admitted", "starting"),
@@ -45,8 +48,20 @@ CONTRACT_ALLOWLIST = {
     *(("request_recovery_seat_released", phase, "recovery_required") for phase in SEAT),
     ("policy_drain_completed", "policy_soft_draining_to_1", "policy_steady"),
 }
-REQUEST_STATES = {"queued", "admitted", "starting", "dispatch_intent", "dispatch_ambiguous", "active",
-                  "provider_terminal", "completed", "failed", "cancelled", "queue_timeout", "recovery_required"}
+REQUEST_STATES = {
+    "queued",
+    "admitted",
+    "starting",
+    "dispatch_intent",
+    "dispatch_ambiguous",
+    "active",
+    "provider_terminal",
+    "completed",
+    "failed",
+    "cancelled",
+    "queue_timeout",
+    "recovery_required",
+}
 NOT_ALLOWLISTED = "sanitized event journal contains a non-allowlisted transition"
 BAD_HMAC = "sanitized event journal contains an invalid correlation HMAC"
 BAD_SEQ = "sanitized event journal contains an invalid sequence"
@@ -116,7 +131,12 @@ def test_page_is_a_tuple_of_frozen_events_with_exactly_the_six_fields(plane: Adm
     page = read_all(plane)
     assert isinstance(page, tuple)
     assert [field.name for field in attrs.fields(type(page[0]))] == [
-        "event_seq", "kind", "from_state", "to_state", "occurred_at", "correlation_hmac"
+        "event_seq",
+        "kind",
+        "from_state",
+        "to_state",
+        "occurred_at",
+        "correlation_hmac",
     ]
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         page[0].kind = "request_cancelled"  # type: ignore[misc]
@@ -159,8 +179,10 @@ TAMPERING = {
     "unknown to state": ("to_state = 'bogus'", NOT_ALLOWLISTED),
     "integer kind": ("kind = 7", NOT_ALLOWLISTED),
     "valid tokens, wrong transition": ("kind = 'request_cancelled'", NOT_ALLOWLISTED),
-    "released to queue_timeout": ("kind = 'request_released', from_state = 'provider_terminal', "
-                                  "to_state = 'queue_timeout'", NOT_ALLOWLISTED),
+    "released to queue_timeout": (
+        "kind = 'request_released', from_state = 'provider_terminal', to_state = 'queue_timeout'",
+        NOT_ALLOWLISTED,
+    ),
     "uppercase HMAC": ("correlation_hmac = upper(correlation_hmac)", BAD_HMAC),
     "short HMAC": ("correlation_hmac = substr(correlation_hmac, 2)", BAD_HMAC),
     "non-hex HMAC": ("correlation_hmac = 'g' || substr(correlation_hmac, 2)", BAD_HMAC),
@@ -218,7 +240,9 @@ def test_the_allowlist_is_exactly_the_contracts_set() -> None:
 def test_valid_state_tokens_are_the_request_states_absent_and_the_policy_states() -> None:
     """AC-87: the state tokens are the 12 request states, `absent`, `policy_steady` and `policy_soft_draining_to_1`."""
     assert {str(state) for state in EVENT_STATES} == REQUEST_STATES | {
-        "absent", "policy_steady", "policy_soft_draining_to_1"
+        "absent",
+        "policy_steady",
+        "policy_soft_draining_to_1",
     }
 
 
@@ -227,17 +251,24 @@ def test_every_allowlisted_transition_reads_back(
     plane: AdmissionPlane, database_url: str, transition: tuple[str, str, str]
 ) -> None:
     """AC-86/AC-87: a well-formed row of any allowlisted transition passes the read-side checks."""
-    execute(database_url, "INSERT INTO events (kind, from_state, to_state, occurred_at, correlation_hmac)"
-                          " VALUES (?, ?, ?, 5, ?)", params=(*transition, CORRELATION_REQUEST_1))
+    execute(
+        database_url,
+        "INSERT INTO events (kind, from_state, to_state, occurred_at, correlation_hmac) VALUES (?, ?, ?, 5, ?)",
+        params=(*transition, CORRELATION_REQUEST_1),
+    )
     [event] = read_all(plane)
     assert (event.kind, event.from_state, event.to_state, event.occurred_at) == (*transition, 5)
 
 
 @pytest.mark.parametrize(
     "transition",
-    [("request_released", "provider_terminal", "queue_timeout"), ("request_cancelled", "admitted", "cancelled"),
-     ("request_abandoned", "active", "failed"), ("request_abandoned", "admitted", "completed"),
-     ("policy_drain_completed", "policy_steady", "policy_soft_draining_to_1")],
+    [
+        ("request_released", "provider_terminal", "queue_timeout"),
+        ("request_cancelled", "admitted", "cancelled"),
+        ("request_abandoned", "active", "failed"),
+        ("request_abandoned", "admitted", "completed"),
+        ("policy_drain_completed", "policy_steady", "policy_soft_draining_to_1"),
+    ],
     ids="/".join,
 )
 def test_the_writer_refuses_a_transition_outside_the_allowlist(

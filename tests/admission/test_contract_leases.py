@@ -202,8 +202,9 @@ def test_generic_transition_moves_lease_and_request_together_and_journals_it(
     FENCED[operation](plane, lease, 9_000)
     assert query(database_url, "SELECT phase, heartbeat_at FROM leases") == [(target, 9_000)]
     assert request_state(database_url, lease.request_id) == target
-    assert query(database_url, "SELECT kind, from_state, to_state, occurred_at FROM events WHERE event_seq > ?",
-                (before,)) == [(kind, source, target, 9_000)]
+    assert query(
+        database_url, "SELECT kind, from_state, to_state, occurred_at FROM events WHERE event_seq > ?", (before,)
+    ) == [(kind, source, target, 9_000)]
 
 
 def test_mark_active_deletes_the_payload(plane: AdmissionPlane, database_url: str) -> None:

@@ -231,7 +231,8 @@ def test_cooldown_upsert_never_shortens_or_rewinds(plane: AdmissionPlane, databa
 
 
 @pytest.mark.parametrize(
-    ("not_before", "now"), [(1.5, 0), (10, 0.5), (float("nan"), 0), (10, None), (9, 10), (True, 0), (2**53, 0)],
+    ("not_before", "now"),
+    [(1.5, 0), (10, 0.5), (float("nan"), 0), (10, None), (9, 10), (True, 0), (2**53, 0)],
     ids=repr,
 )
 def test_cooldown_inputs_must_be_integers_and_not_end_before_they_are_recorded(
@@ -269,7 +270,10 @@ def test_every_admission_read_first_times_out_expired_requests(
     assert query(database_url, "SELECT state, terminal_at FROM turn_requests") == [("queue_timeout", 31 * 60_000)]
     assert count(database_url, "turn_payloads") == 0
     assert query(database_url, "SELECT kind, from_state, to_state, occurred_at FROM events ORDER BY event_seq")[-1] == (
-        "request_queue_timed_out", "queued", "queue_timeout", 31 * 60_000
+        "request_queue_timed_out",
+        "queued",
+        "queue_timeout",
+        31 * 60_000,
     )
 
 
@@ -378,7 +382,10 @@ def test_cancel_while_queued_ends_the_request(plane: AdmissionPlane, database_ur
     assert query(database_url, "SELECT state, terminal_at FROM turn_requests") == [("cancelled", 50)]
     assert count(database_url, "turn_payloads") == 0
     assert query(database_url, "SELECT kind, from_state, to_state, occurred_at FROM events ORDER BY event_seq")[-1] == (
-        "request_cancelled", "queued", "cancelled", 50
+        "request_cancelled",
+        "queued",
+        "cancelled",
+        50,
     )
 
 
@@ -420,8 +427,9 @@ def test_cancel_then_targeted_admit_leaves_one_terminal_event(make_plane: PlaneF
     assert count(database_url, "turn_payloads", "request_id = 'raced'") == 0
     assert count(database_url, "leases", "request_id = 'raced'") == 0
     correlation = query(database_url, "SELECT correlation_hmac FROM events ORDER BY event_seq DESC LIMIT 1")[0][0]
-    assert query(database_url, "SELECT kind, to_state FROM events WHERE correlation_hmac = ? ORDER BY event_seq",
-                 (correlation,)) == [("request_enqueued", "queued"), ("request_cancelled", "cancelled")]
+    assert query(
+        database_url, "SELECT kind, to_state FROM events WHERE correlation_hmac = ? ORDER BY event_seq", (correlation,)
+    ) == [("request_enqueued", "queued"), ("request_cancelled", "cancelled")]
 
 
 # --- AC-38: the issued lease ------------------------------------------------------------------------------------
@@ -504,5 +512,7 @@ def test_admitted_lease_exposes_its_fence(plane: AdmissionPlane) -> None:
     enqueue(plane, "issued", now=0)
     lease: AdmittedLease = admit(plane, 1)
     assert (lease.fence.lease_id, lease.fence.generation, lease.fence.owner_instance_id) == (
-        lease.lease_id, 1, lease.owner_instance_id
+        lease.lease_id,
+        1,
+        lease.owner_instance_id,
     )

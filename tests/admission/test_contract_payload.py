@@ -33,9 +33,7 @@ META = {
 
 def database_files(path: str) -> dict[str, bytes]:
     """The main database file and whichever of its -wal/-shm files exist."""
-    return {
-        suffix: Path(path + suffix).read_bytes() for suffix in ("", "-wal", "-shm") if Path(path + suffix).exists()
-    }
+    return {suffix: Path(path + suffix).read_bytes() for suffix in ("", "-wal", "-shm") if Path(path + suffix).exists()}
 
 
 def payload_count(path: str, request_id: str) -> int:
@@ -72,8 +70,7 @@ def admitted_sentinel(make_plane: PlaneFactory) -> tuple[AdmissionPlane, bytes, 
     """A plane with fresh random keys whose sentinel prompt is queued and admitted; the plane and both keys."""
     encryption_key, content_key = os.urandom(32), os.urandom(32)
     plane = make_plane(encryption_key=encryption_key, content_fingerprint_key=content_key)
-    plane.enqueue_with_payload(request_id="SENTINEL-REQUEST-4b6e", **META, now=0, plaintext=SENTINEL,
-                               expires_at=10_000)
+    plane.enqueue_with_payload(request_id="SENTINEL-REQUEST-4b6e", **META, now=0, plaintext=SENTINEL, expires_at=10_000)
     admit(plane, 1)
     return plane, encryption_key, content_key
 
@@ -105,8 +102,7 @@ def test_no_stored_value_holds_the_prompt_or_a_key(make_plane: PlaneFactory, dat
 
 def test_journal_rows_carry_no_identifier_or_prompt(plane: AdmissionPlane, database_url: str) -> None:
     """AC-24: events hold kinds, states, times and an HMAC: no request, session, agent, provider, model or prompt."""
-    plane.enqueue_with_payload(request_id="SENTINEL-REQUEST-4b6e", **META, now=0, plaintext=SENTINEL,
-                               expires_at=10_000)
+    plane.enqueue_with_payload(request_id="SENTINEL-REQUEST-4b6e", **META, now=0, plaintext=SENTINEL, expires_at=10_000)
     admit(plane, 1)
     journal = repr(query(database_url, "SELECT * FROM events")) + repr(plane.read_sanitized_events())
     assert "SENTINEL" not in journal
@@ -167,8 +163,11 @@ def test_swapping_sealed_payloads_between_two_rows_fails_both_reads(plane: Admis
     rows = query(database_url, "SELECT request_id, nonce, ciphertext, auth_tag FROM turn_payloads")
     sealed = {row[0]: row[1:] for row in rows}
     for target, source in (("row-a", "row-b"), ("row-b", "row-a")):
-        execute(database_url, "UPDATE turn_payloads SET nonce = ?, ciphertext = ?, auth_tag = ? WHERE request_id = ?",
-                params=(*sealed[source], target))
+        execute(
+            database_url,
+            "UPDATE turn_payloads SET nonce = ?, ciphertext = ?, auth_tag = ? WHERE request_id = ?",
+            params=(*sealed[source], target),
+        )
     for request_id in ("row-a", "row-b"):
         with pytest.raises(PayloadIntegrityError, match=exactly("request payload failed authentication")):
             plane.read_payload(request_id, 1)
@@ -211,8 +210,12 @@ def test_content_fingerprints_differ_under_different_content_keys(
     other_database = str(tmp_path / "other.sqlite")
     upgrade(other_database)
     enqueue(make_plane(), "same", now=0, plaintext="same prompt")
-    enqueue(make_plane(database=other_database, content_fingerprint_key=bytes([3]) * 32), "same", now=0,
-            plaintext="same prompt")
+    enqueue(
+        make_plane(database=other_database, content_fingerprint_key=bytes([3]) * 32),
+        "same",
+        now=0,
+        plaintext="same prompt",
+    )
     fingerprints = {
         query(path, "SELECT content_fingerprint FROM turn_payloads")[0][0] for path in (database_url, other_database)
     }

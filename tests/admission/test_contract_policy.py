@@ -153,8 +153,18 @@ def test_claim_refuses_a_policy_outside_the_durable_bounds_before_writing(
 ) -> None:
     """AC-81, beyond the seed (which lets the raw policy_state CHECK constraint fail, untyped): a policy outside
     the durable bounds is refused with an InvalidInputError naming the field and bound, before anything is written."""
-    policy = Policy(**{**{"max_active_turns": 3, "max_concurrent_starts": 1, "min_start_interval_ms": 2_000,
-                          "queue_timeout_ms": 1_800_000, "capacity_cooldown_ms": 30_000}, name: value})
+    policy = Policy(
+        **{
+            **{
+                "max_active_turns": 3,
+                "max_concurrent_starts": 1,
+                "min_start_interval_ms": 2_000,
+                "queue_timeout_ms": 1_800_000,
+                "capacity_cooldown_ms": 30_000,
+            },
+            name: value,
+        }
+    )
     before = table_dump(database_url)
     with pytest.raises(InvalidInputError, match=exactly(f"durable admission policy {name} must be {bound}")):
         plane.claim_durable_policy(policy, "owner-a", 0)
@@ -162,9 +172,7 @@ def test_claim_refuses_a_policy_outside_the_durable_bounds_before_writing(
 
 
 @pytest.mark.parametrize("policy", [Policy(1, 1, 2_000, 1, 30_000), Policy(9, 9, 2_000, 1_800_000, 30_000)])
-def test_claim_accepts_the_durable_bounds_themselves(
-    plane: AdmissionPlane, database_url: str, policy: Policy
-) -> None:
+def test_claim_accepts_the_durable_bounds_themselves(plane: AdmissionPlane, database_url: str, policy: Policy) -> None:
     """AC-81: interval 2000, cooldown 30000, queue timeout 1 or 1800000 and any seats >= 1 fit the CHECKs."""
     plane.claim_durable_policy(policy, "owner-a", 0)
     assert policy_row(database_url)[0][1:6] == policy.as_tuple()
@@ -197,9 +205,7 @@ def test_beginning_a_drain_marks_the_row_and_keeps_the_leases(make_plane: PlaneF
     assert query(database_url, "SELECT phase FROM leases") == [("active",)] * 3
 
 
-def test_no_admission_while_draining_even_after_two_completions(
-    make_plane: PlaneFactory, database_url: str
-) -> None:
+def test_no_admission_while_draining_even_after_two_completions(make_plane: PlaneFactory, database_url: str) -> None:
     """AC-82: admission stays null while draining, also after two of three turns completed."""
     plane, leases = drain_scenario(make_plane)
     assert plane.admit_next(12_001, "owner-a") is None
@@ -225,8 +231,10 @@ def test_drain_completion_is_journalled_over_policy_state(make_plane: PlaneFacto
     plane, leases = drain_scenario(make_plane)
     for lease, now in zip(leases, (13_100, 13_200, 13_300), strict=True):
         plane.complete_live_turn(lease, now, DONE)
-    drained = query(database_url, "SELECT from_state, to_state, occurred_at, correlation_hmac FROM events"
-                                  " WHERE kind = 'policy_drain_completed'")
+    drained = query(
+        database_url,
+        "SELECT from_state, to_state, occurred_at, correlation_hmac FROM events WHERE kind = 'policy_drain_completed'",
+    )
     expected = event_correlation(SecretKey(CONTENT_KEY, "content fingerprint"), "policy-state")
     assert expected == POLICY_STATE_CORRELATION
     assert drained == [("policy_soft_draining_to_1", "policy_steady", 13_300, POLICY_STATE_CORRELATION)]
@@ -272,9 +280,7 @@ def test_drain_with_no_seat_held_completes_in_the_same_call(plane: AdmissionPlan
     """AC-83: with no seat lease, beginning the drain completes it at once (row steady max 1, one event)."""
     plane.claim_durable_policy(P3, "owner-a", 0)
     plane.begin_soft_drain_to_1("owner-b", 500)
-    assert policy_row(database_url) == [
-        (1, 1, 1, 2_000, 1_800_000, 30_000, "steady", fingerprint(P1), 500, "owner-b")
-    ]
+    assert policy_row(database_url) == [(1, 1, 1, 2_000, 1_800_000, 30_000, "steady", fingerprint(P1), 500, "owner-b")]
     assert query(database_url, "SELECT kind, occurred_at FROM events") == [("policy_drain_completed", 500)]
 
 

@@ -29,8 +29,9 @@ def test_settle_cancels_the_queued_request_of_its_dead_owner(queued: AdmissionPl
 def test_settle_journals_one_queued_owner_dead_event(queued: AdmissionPlane, database_url: str) -> None:
     """AC-77: exactly one queued_owner_dead(queued→cancelled) event at now."""
     queued.settle_queued_owner_death("r1", OWNER_B, 5_000)
-    assert query(database_url, "SELECT kind, from_state, to_state, occurred_at FROM events WHERE kind != "
-                              "'request_enqueued'") == [("queued_owner_dead", "queued", "cancelled", 5_000)]
+    assert query(
+        database_url, "SELECT kind, from_state, to_state, occurred_at FROM events WHERE kind != 'request_enqueued'"
+    ) == [("queued_owner_dead", "queued", "cancelled", 5_000)]
 
 
 def test_settle_keeps_the_owner_binding_and_the_owner_row(queued: AdmissionPlane, database_url: str) -> None:

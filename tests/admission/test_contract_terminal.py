@@ -27,8 +27,11 @@ OTHER_CATEGORIES = [category for category in FailureCategory if category is not 
 
 
 def new_events(path: str, after: int) -> list[tuple[str, str, str, int]]:
-    return query(path, "SELECT kind, from_state, to_state, occurred_at FROM events WHERE event_seq > ? "
-                      "ORDER BY event_seq", (after,))
+    return query(
+        path,
+        "SELECT kind, from_state, to_state, occurred_at FROM events WHERE event_seq > ? ORDER BY event_seq",
+        (after,),
+    )
 
 
 def terminal(path: str, request_id: str = "r1") -> tuple[str, int | None]:
@@ -48,9 +51,7 @@ def one_seat(make_plane: Callable[..., AdmissionPlane]) -> AdmissionPlane:
 # --- AC-59 completion -----------------------------------------------------------------------------------
 
 
-def test_completion_journals_provider_terminal_then_released_at_now(
-    plane: AdmissionPlane, database_url: str
-) -> None:
+def test_completion_journals_provider_terminal_then_released_at_now(plane: AdmissionPlane, database_url: str) -> None:
     """AC-59: completing an active turn journals provider_terminal then released(provider_terminal→completed)."""
     lease = lease_in_phase(plane, "active", now=100)
     after = len(event_kinds(database_url))
@@ -285,9 +286,7 @@ def test_abandon_before_prompt_ends_the_request_with_the_outcome(
 
 
 @pytest.mark.parametrize("phase", ["dispatch_ambiguous", "active", "recovery_required"])
-def test_abandon_after_a_possible_prompt_write_is_refused(
-    plane: AdmissionPlane, database_url: str, phase: str
-) -> None:
+def test_abandon_after_a_possible_prompt_write_is_refused(plane: AdmissionPlane, database_url: str, phase: str) -> None:
     """AC-64: once a prompt may have been written the lease is not safely abandonable, and nothing changes."""
     lease = lease_in_phase(plane, phase, now=100)
     before = table_dump(database_url)
@@ -397,9 +396,7 @@ def test_release_exited_recovery_seat_frees_the_seat_from_every_seat_phase(
     plane.release_exited_recovery_seat(lease, 1_000)
     assert terminal(database_url) == ("recovery_required", 1_000)
     assert (count(database_url, "turn_payloads"), count(database_url, "leases")) == (0, 0)
-    assert new_events(database_url, after) == [
-        ("request_recovery_seat_released", phase, "recovery_required", 1_000)
-    ]
+    assert new_events(database_url, after) == [("request_recovery_seat_released", phase, "recovery_required", 1_000)]
 
 
 def test_released_recovery_request_has_no_payload_to_read(plane: AdmissionPlane) -> None:

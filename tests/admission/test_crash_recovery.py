@@ -169,7 +169,10 @@ def test_a_killed_connector_keeps_its_seat_while_its_child_group_lives_and_frees
     stale = heartbeat + 1_000 + STALE_MS
     assert reap(stale) == summary(inspected=1, retained=1, marked_recovery_required=1, suspected=1)
     assert lease_row(database_url, "crashed-turn") == (
-        "recovery_required", heartbeat + 1_000, stale, "heartbeat_expired"
+        "recovery_required",
+        heartbeat + 1_000,
+        stale,
+        "heartbeat_expired",
     )
 
     kill_group_and_wait(child)
@@ -229,8 +232,13 @@ def test_a_queued_request_of_a_killed_owner_is_cancelled_and_a_live_owners_reque
     assert reap(now) == summary(queued_settled=1)
     assert state(database_url, "dead-owner-turn") == "cancelled"
     assert payloads(database_url, "dead-owner-turn") == 0
-    assert scalar(database_url, "SELECT queued_owner_instance_id IS NOT NULL FROM turn_requests "
-                                "WHERE request_id = 'dead-owner-turn'") == 1
+    assert (
+        scalar(
+            database_url,
+            "SELECT queued_owner_instance_id IS NOT NULL FROM turn_requests WHERE request_id = 'dead-owner-turn'",
+        )
+        == 1
+    )
     assert state(database_url, "live-owner-turn") == "queued"
     assert payloads(database_url, "live-owner-turn") == 1
     assert reap(now + 1) == summary()

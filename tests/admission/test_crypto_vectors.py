@@ -64,7 +64,10 @@ def test_sealing_hello_for_r1_gives_the_seed_ciphertext_and_tag() -> None:
     """§2/§E: key 0x01 x32, nonce 00..0b, request r1, `hello` seal to ciphertext d3c3f94a4f and the seed's tag."""
     sealed = seal(key(1, "encryption"), "r1", "hello", nonce=VECTOR_NONCE)
     assert (sealed.nonce, sealed.ciphertext, sealed.auth_tag, sealed.key_version) == (
-        VECTOR_NONCE, VECTOR_CIPHERTEXT, VECTOR_TAG, 1
+        VECTOR_NONCE,
+        VECTOR_CIPHERTEXT,
+        VECTOR_TAG,
+        1,
     )
 
 

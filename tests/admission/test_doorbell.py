@@ -68,8 +68,13 @@ def test_counters_wrap_around_at_64_bits(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("payload", "delta"),
-    [("1,0,0", Chimes(1, 0, 0)), ("2,1,1", Chimes(2, 1, 1)), ("", Chimes.of(Bell.EVERYONE)),
-     ("1,2", Chimes.of(Bell.EVERYONE)), ("x,0,0", Chimes.of(Bell.EVERYONE))],
+    [
+        ("1,0,0", Chimes(1, 0, 0)),
+        ("2,1,1", Chimes(2, 1, 1)),
+        ("", Chimes.of(Bell.EVERYONE)),
+        ("1,2", Chimes.of(Bell.EVERYONE)),
+        ("x,0,0", Chimes.of(Bell.EVERYONE)),
+    ],
 )
 def test_a_notification_payload_is_a_delta_and_garbage_wakes_everyone(payload: str, delta: Chimes) -> None:
     """PostgreSQL payloads carry the three increments; one that does not parse counts as a change for everyone."""
@@ -125,12 +130,22 @@ def test_each_operation_rings_what_it_changed_for_waiters(plane: AdmissionPlane)
     steps.append(("starting", lambda: plane.mark_starting(state["lease"], 1_002), (0, 0, 0)))
     steps.append(("intent", lambda: plane.mark_dispatch_intent(state["lease"], 1_003), (0, 0, 0)))
     steps.append(("active", lambda: plane.mark_active(state["lease"], 1_004), (0, 0, 1)))
-    steps.append(("complete", lambda: plane.complete_live_turn(
-        state["lease"], 1_005, LiveTurnCompletion("completed")), (0, 1, 1)))
+    steps.append(
+        (
+            "complete",
+            lambda: plane.complete_live_turn(state["lease"], 1_005, LiveTurnCompletion("completed")),
+            (0, 1, 1),
+        )
+    )
     steps.append(("enqueue r2", lambda: enqueue(plane, "r2", now=1_006), (0, 0, 0)))
     steps.append(("cancel", lambda: plane.cancel_queued("r2", 1_007), (1, 0, 0)))
-    steps.append(("cooldown", lambda: plane.set_capacity_cooldown("p", "m", 90_000, 1_008),
-                  (EVERYONE_STEP, EVERYONE_STEP, EVERYONE_STEP)))
+    steps.append(
+        (
+            "cooldown",
+            lambda: plane.set_capacity_cooldown("p", "m", 90_000, 1_008),
+            (EVERYONE_STEP, EVERYONE_STEP, EVERYONE_STEP),
+        )
+    )
     for name, step, expected in steps:
         before = chimes(plane)
         step()
@@ -442,10 +457,13 @@ def test_postgres_listener_reconnects_after_losing_its_connection(
     before = listening(waiter)
     engine = pg_engine(database_url)
     with engine.begin() as connection:
-        ended = connection.execute(text(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid() AND query = :listen"
-        ), {"listen": f"LISTEN {CHANNEL}"}).scalar_one()
+        ended = connection.execute(
+            text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid() AND query = :listen"
+            ),
+            {"listen": f"LISTEN {CHANNEL}"},
+        ).scalar_one()
     assert ended == 1
     deadline = time.monotonic() + 15
     while (reading := chimes_or_none(waiter)) is None or reading.queue - before.queue < EVERYONE_STEP:

@@ -184,7 +184,10 @@ def test_a_plane_runs_a_turn_in_a_container_like_pid_namespace(tmp_path) -> None
     # `setsid`-free: the namespace's init (unshare's child) keeps the outer session, which reads as 0 inside.
     result = subprocess.run(
         ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, str(script), str(database)],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "completed hello"

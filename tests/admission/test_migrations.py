@@ -26,8 +26,17 @@ from admission_plane.errors import AdmissionMigrationError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 V3_TABLES = {
-    "schema_migrations", "turn_requests", "leases", "cooldowns", "turn_payloads", "lease_process_identities",
-    "start_history", "sessions", "events", "policy_state", "queued_owner_instances",
+    "schema_migrations",
+    "turn_requests",
+    "leases",
+    "cooldowns",
+    "turn_payloads",
+    "lease_process_identities",
+    "start_history",
+    "sessions",
+    "events",
+    "policy_state",
+    "queued_owner_instances",
 }
 
 

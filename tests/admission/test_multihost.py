@@ -26,8 +26,14 @@ POLICY = Policy(3, 2, 0, 1_800_000, 30_000)
 def hosts(database_url: str) -> Iterator[tuple[AdmissionPlane, AdmissionPlane]]:
     """Plane A on host-a (connector pid 100, boot A) and plane B on host-b (pid 200, boot B), on one database."""
     planes = [
-        AdmissionPlane(database_url, policy=POLICY, encryption_key=ENCRYPTION_KEY, content_fingerprint_key=CONTENT_KEY,
-                       owner_identity=connector(pid, owner, boot_id=boot), host_id=host)
+        AdmissionPlane(
+            database_url,
+            policy=POLICY,
+            encryption_key=ENCRYPTION_KEY,
+            content_fingerprint_key=CONTENT_KEY,
+            owner_identity=connector(pid, owner, boot_id=boot),
+            host_id=host,
+        )
         for pid, owner, boot, host in ((100, OWNER_A, BOOT_A, "host-a"), (200, OWNER_B, BOOT_B, "host-b"))
     ]
     try:
@@ -45,8 +51,13 @@ def dispatch(plane: AdmissionPlane, request_id: str, child_pid: int, boot_id: st
     assert lease is not None
     plane.mark_starting(lease, now)
     record = DispatchRecord(
-        request_id=request_id, lease_id=lease.lease_id, generation=lease.generation, owner_instance_id=owner,
-        connector=plane.owner_identity, child=process(child_pid, boot_id=boot_id), prompt_channel="stdin",
+        request_id=request_id,
+        lease_id=lease.lease_id,
+        generation=lease.generation,
+        owner_instance_id=owner,
+        connector=plane.owner_identity,
+        child=process(child_pid, boot_id=boot_id),
+        prompt_channel="stdin",
     )
     assert plane.commit_dispatch_intent(record).ok
     return lease

@@ -85,8 +85,10 @@ def _assert_race_invariants(database: str, plane: AdmissionPlane, reports: list[
     assert 2 <= journal.max_seat_holders <= RACE_POLICY[0]
     assert scalar(database, "SELECT MAX(lease_generation) FROM turn_requests") == 1
     assert scalar(database, "SELECT COUNT(*) FROM leases") == 0
-    assert query(database, "SELECT COUNT(*) FROM turn_payloads p JOIN turn_requests r USING (request_id) "
-                           "WHERE r.state <> 'queued'") == [(0,)]
+    assert query(
+        database,
+        "SELECT COUNT(*) FROM turn_payloads p JOIN turn_requests r USING (request_id) WHERE r.state <> 'queued'",
+    ) == [(0,)]
     if totals["capacity_failed"]:
         assert scalar(database, "SELECT COUNT(*) FROM cooldowns") >= 1
     return totals
@@ -136,8 +138,15 @@ def test_two_processes_admitting_the_same_request_at_the_same_now_get_exactly_on
         request_id = f"targeted-{round_}"
         now = base + round_ * 10
         plane.enqueue_with_payload(
-            request_id=request_id, session_id="s", agent_id="agent-a", fingerprint="fp", provider=PROVIDER,
-            model=MODELS[0], now=now, plaintext="p", expires_at=now + 600_000,
+            request_id=request_id,
+            session_id="s",
+            agent_id="agent-a",
+            fingerprint="fp",
+            provider=PROVIDER,
+            model=MODELS[0],
+            now=now,
+            plaintext="p",
+            expires_at=now + 600_000,
         )
         for contender in contenders:
             contender.send({"request_id": request_id, "now": now})
@@ -191,8 +200,15 @@ def test_a_dispatch_intent_racing_a_writer_that_holds_the_lock_sees_the_winner_n
         request_id = f"contended-{round_}"
         now = wall_ms()
         plane.enqueue_with_payload(
-            request_id=request_id, session_id="s", agent_id="agent-a", fingerprint="fp", provider=PROVIDER,
-            model=MODELS[0], now=now, plaintext="p", expires_at=now + 600_000,
+            request_id=request_id,
+            session_id="s",
+            agent_id="agent-a",
+            fingerprint="fp",
+            provider=PROVIDER,
+            model=MODELS[0],
+            now=now,
+            plaintext="p",
+            expires_at=now + 600_000,
         )
         lease = plane.admit_next(now, plane.owner_identity.owner_instance_id)
         assert lease is not None
@@ -204,10 +220,14 @@ def test_a_dispatch_intent_racing_a_writer_that_holds_the_lock_sees_the_winner_n
         racer.send({"record": _seed_record(plane, lease, other.pid)})
         assert racer.read() == {"result": expected}
         assert holder.read() == {"result": {"status": "committed", "idempotent": False, "reason": None}}
-        assert scalar(database_url, "SELECT COUNT(*) FROM lease_process_identities WHERE lease_id = ?",
-                      (lease.lease_id,)) == 1
-        assert scalar(database_url, "SELECT child_pid FROM lease_process_identities WHERE lease_id = ?",
-                      (lease.lease_id,)) == first.pid
+        assert (
+            scalar(database_url, "SELECT COUNT(*) FROM lease_process_identities WHERE lease_id = ?", (lease.lease_id,))
+            == 1
+        )
+        assert (
+            scalar(database_url, "SELECT child_pid FROM lease_process_identities WHERE lease_id = ?", (lease.lease_id,))
+            == first.pid
+        )
         assert plane.get_request(request_id).state == "dispatch_intent"
         plane.abandon_before_prompt(lease, wall_ms(), "cancelled")
     intents = [e for e in read_journal(plane) if e.kind == EventKind.REQUEST_DISPATCH_INTENT]
@@ -223,8 +243,15 @@ def test_waiting_processes_are_admitted_oldest_first_once_the_seat_frees(
     plane = make_plane(policy=Policy(*ONE_SEAT))
     now = wall_ms()
     plane.enqueue_with_payload(
-        request_id="held", session_id="s", agent_id="holder", fingerprint="f", provider=PROVIDER,
-        model=MODELS[0], now=now, plaintext="x", expires_at=now + 1_800_001,
+        request_id="held",
+        session_id="s",
+        agent_id="holder",
+        fingerprint="f",
+        provider=PROVIDER,
+        model=MODELS[0],
+        now=now,
+        plaintext="x",
+        expires_at=now + 1_800_001,
     )
     held = plane.admit_next(now, "holder")
     assert held is not None

@@ -40,8 +40,7 @@ def plane(make_plane: Callable[..., AdmissionPlane]) -> AdmissionPlane:
 
 @pytest.fixture
 def one_seat(make_plane: Callable[..., AdmissionPlane]) -> AdmissionPlane:
-    return make_plane(owner_identity=CONNECTOR, clock=lambda: INTENT_CLOCK,
-                      policy=Policy(1, 1, 0, 1_800_000, 30_000))
+    return make_plane(owner_identity=CONNECTOR, clock=lambda: INTENT_CLOCK, policy=Policy(1, 1, 0, 1_800_000, 30_000))
 
 
 def dispatched(plane: AdmissionPlane, phase: str, n: int = 1, now: int = 1_000, **options: object) -> AdmittedLease:
@@ -182,8 +181,14 @@ def test_unverifiable_child_marks_identity_unverifiable_keeping_the_first_suspec
         lambda: FakeProc(pids=[999]).unreadable(999),
         lambda: FakeProc(stats={201: "garbage"}),
     ],
-    ids=["connector EACCES", "child EIO", "boot id unreadable", "boot id malformed", "residue unreadable",
-         "child stat malformed"],
+    ids=[
+        "connector EACCES",
+        "child EIO",
+        "boot id unreadable",
+        "boot id malformed",
+        "residue unreadable",
+        "child stat malformed",
+    ],
 )
 def test_unverifiable_evidence_never_releases(
     plane: AdmissionPlane, database_url: str, make_readers: Callable[[], FakeProc]
@@ -376,13 +381,14 @@ def test_reaper_summary_is_frozen(plane: AdmissionPlane) -> None:
 
 def test_summary_counts_a_mixed_pass(plane: AdmissionPlane) -> None:
     """AC-75: inspected counts listed leases; released, retained, marked and suspected count what happened to each."""
-    dispatched(plane, "recovery_required", 1, now=1_000)   # all gone: released
-    dispatched(plane, "active", 2, now=1_100)              # connector dead, child alive: recovery_required
+    dispatched(plane, "recovery_required", 1, now=1_000)  # all gone: released
+    dispatched(plane, "active", 2, now=1_100)  # connector dead, child alive: recovery_required
     dispatched(plane, "active", 3, now=1_200, identity=False)  # no identity: suspect and retained
     enqueue(plane, "r-q", now=1_300, owner_identity=QUEUED_OWNER)
     result = plane.reap_suspects(2_000, FakeProc().alive(child(2)))
-    assert result == summary(inspected=3, released=1, retained=2, marked_recovery_required=1, suspected=1,
-                             queued_settled=1)
+    assert result == summary(
+        inspected=3, released=1, retained=2, marked_recovery_required=1, suspected=1, queued_settled=1
+    )
 
 
 @pytest.mark.parametrize(
@@ -439,5 +445,8 @@ def test_repeated_reaping_frees_seats_for_new_admissions_in_the_same_plane(
         assert one_seat.commit_dispatch_intent(dispatch_record(one_seat, lease, child=child(n))).ok
         one_seat.mark_active(lease, t + 6)
     assert query(database_url, "SELECT state FROM turn_requests ORDER BY request_id") == [
-        ("recovery_required",), ("recovery_required",), ("recovery_required",), ("active",)
+        ("recovery_required",),
+        ("recovery_required",),
+        ("recovery_required",),
+        ("active",),
     ]

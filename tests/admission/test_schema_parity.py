@@ -20,19 +20,27 @@ def pragma_picture(path: Path) -> dict[str, Any]:
     """PRAGMA table_info, index_list, index_xinfo and foreign_key_list of every table, plus CHECK fragments."""
     picture: dict[str, Any] = {}
     with closing(connect(path)) as connection:
-        names = [row[0] for row in connection.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT IN ('alembic_version') ORDER BY name")]
+        names = [
+            row[0]
+            for row in connection.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT IN ('alembic_version') ORDER BY name"
+            )
+        ]
         for table in names:
             indexes = connection.execute(f'PRAGMA index_list("{table}")').fetchall()
             sql = connection.execute("SELECT sql FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0] or ""
             picture[table] = {
                 "table_info": connection.execute(f'PRAGMA table_info("{table}")').fetchall(),
                 "index_list": indexes,
-                "index_xinfo": {row[1]: connection.execute(f'PRAGMA index_xinfo("{row[1]}")').fetchall()
-                                for row in indexes},
+                "index_xinfo": {
+                    row[1]: connection.execute(f'PRAGMA index_xinfo("{row[1]}")').fetchall() for row in indexes
+                },
                 "foreign_key_list": connection.execute(f'PRAGMA foreign_key_list("{table}")').fetchall(),
-                "checks": [check.sqlite_fragment in " ".join(sql.split())
-                           for check in schema_check.CHECKS if check.table == table],
+                "checks": [
+                    check.sqlite_fragment in " ".join(sql.split())
+                    for check in schema_check.CHECKS
+                    if check.table == table
+                ],
             }
     return picture
 
@@ -80,7 +88,7 @@ def test_head_adds_only_the_documented_extensions_to_the_seed_schema(seed_v3: Pa
     assert sorted(ours) == sorted(seed)
     for table in seed:
         seed_columns = schema_check.TABLES.get(table, ())
-        added = [column.name for column in spec.tables.get(table, ())[len(seed_columns):]]
+        added = [column.name for column in spec.tables.get(table, ())[len(seed_columns) :]]
         assert [row[1] for row in ours[table]["table_info"]] == [row[1] for row in seed[table]["table_info"]] + added
     new_indexes = {index.name for index in spec.indexes} - {index.name for index in schema_check.INDEXES}
     assert new_indexes == {"turn_requests_state_deadline"}
@@ -130,5 +138,7 @@ def test_head_revision_constants_match_the_history() -> None:
     assert head == migrate.HEAD_REVISION == schema_check.EXPECTED_REVISION
     assert [extension.revision for extension in schema_check.EXTENSIONS][-1] == migrate.HEAD_REVISION
     assert [migrate.SEED_REVISIONS[version] for version, _ in migrate.SEED_LEDGER] == [
-        "0001_seed_v1", "0002_seed_v2", "0003_seed_v3"
+        "0001_seed_v1",
+        "0002_seed_v2",
+        "0003_seed_v3",
     ]

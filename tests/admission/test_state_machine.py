@@ -149,22 +149,42 @@ class AdmissionMachine(RuleBasedStateMachine):
     def a_queue_to_start_from(self, count: int, agents: list[str]) -> None:
         for request_id, agent in zip(REQUEST_IDS[:count], agents, strict=False):
             self.plane.enqueue_with_payload(
-                request_id=request_id, session_id="session", agent_id=agent, fingerprint="fp", provider="provider",
-                model=MODELS[0], now=self.now, plaintext=PROMPTS[0], expires_at=self.now + 60_000,
+                request_id=request_id,
+                session_id="session",
+                agent_id=agent,
+                fingerprint="fp",
+                provider="provider",
+                model=MODELS[0],
+                now=self.now,
+                plaintext=PROMPTS[0],
+                expires_at=self.now + 60_000,
             )
             self.prompts[request_id] = PROMPTS[0]
 
     @rule(
-        request_id=st.sampled_from(REQUEST_IDS), agent=st.sampled_from(AGENTS), model=st.sampled_from(MODELS),
-        prompt=st.sampled_from(PROMPTS), ttl=st.one_of(st.integers(1, 60_000), st.integers(-5, 0)),
+        request_id=st.sampled_from(REQUEST_IDS),
+        agent=st.sampled_from(AGENTS),
+        model=st.sampled_from(MODELS),
+        prompt=st.sampled_from(PROMPTS),
+        ttl=st.one_of(st.integers(1, 60_000), st.integers(-5, 0)),
         advance=st.integers(0, 400),
     )
     def enqueue(self, request_id: str, agent: str, model: str, prompt: str, ttl: int, advance: int) -> None:
         now = self.tick(advance)
-        result = self.attempt("enqueue_with_payload", lambda: self.plane.enqueue_with_payload(
-            request_id=request_id, session_id="session", agent_id=agent, fingerprint="fp", provider="provider",
-            model=model, now=now, plaintext=prompt, expires_at=now + ttl,
-        ))
+        result = self.attempt(
+            "enqueue_with_payload",
+            lambda: self.plane.enqueue_with_payload(
+                request_id=request_id,
+                session_id="session",
+                agent_id=agent,
+                fingerprint="fp",
+                provider="provider",
+                model=model,
+                now=now,
+                plaintext=prompt,
+                expires_at=now + ttl,
+            ),
+        )
         if result is not _REFUSED:
             self.prompts.setdefault(request_id, prompt)
 
@@ -199,8 +219,9 @@ class AdmissionMachine(RuleBasedStateMachine):
         if isinstance(lease, AdmittedLease):
             self.leases.append(lease)
 
-    @rule(request_id=st.sampled_from(REQUEST_IDS), owner=st.sampled_from(("mine", "other")),
-          advance=st.integers(0, 400))
+    @rule(
+        request_id=st.sampled_from(REQUEST_IDS), owner=st.sampled_from(("mine", "other")), advance=st.integers(0, 400)
+    )
     def admit_request(self, request_id: str, owner: str, advance: int) -> None:
         now = self.tick(advance)
         lease = self.attempt("admit_request", lambda: self.plane.admit_request(request_id, now, self._owner(owner)))
@@ -214,9 +235,20 @@ class AdmissionMachine(RuleBasedStateMachine):
     # --- lease lifecycle -------------------------------------------------------------------------
 
     @precondition(lambda self: self.leases)
-    @rule(data=st.data(), advance=st.integers(0, 400),
-          operation=st.sampled_from(("mark_starting", "mark_dispatch_intent", "mark_active", "mark_dispatch_ambiguous",
-                                     "mark_execution_recovery_required", "release_exited_recovery_seat")))
+    @rule(
+        data=st.data(),
+        advance=st.integers(0, 400),
+        operation=st.sampled_from(
+            (
+                "mark_starting",
+                "mark_dispatch_intent",
+                "mark_active",
+                "mark_dispatch_ambiguous",
+                "mark_execution_recovery_required",
+                "release_exited_recovery_seat",
+            )
+        ),
+    )
     def transition(self, data: st.DataObject, advance: int, operation: str) -> None:
         lease = data.draw(st.sampled_from(self.leases))
         now = self.tick(advance)
@@ -229,8 +261,9 @@ class AdmissionMachine(RuleBasedStateMachine):
         live = {row["lease_id"] for row in _rows_as_dicts(self.path, "leases")}
         lease = data.draw(st.sampled_from([x for x in self.leases if x.lease_id in live] or self.leases))
         now = self.tick(advance)
-        phase = next((row["phase"] for row in _rows_as_dicts(self.path, "leases")
-                      if row["lease_id"] == lease.lease_id), None)
+        phase = next(
+            (row["phase"] for row in _rows_as_dicts(self.path, "leases") if row["lease_id"] == lease.lease_id), None
+        )
         if phase == "admitted":
             self.attempt("mark_starting", lambda: self.plane.mark_starting(lease, now))
         elif phase == "starting":
@@ -249,7 +282,8 @@ class AdmissionMachine(RuleBasedStateMachine):
         if variant == "wrong_owner":
             owner = next(o for o in self.connectors if o != lease.owner_instance_id)
         return DispatchRecord(
-            request_id=next(r for r in REQUEST_IDS if r != lease.request_id) if variant == "wrong_request"
+            request_id=next(r for r in REQUEST_IDS if r != lease.request_id)
+            if variant == "wrong_request"
             else lease.request_id,
             lease_id=lease.lease_id,
             generation=lease.generation + (1 if variant == "wrong_generation" else 0),
@@ -260,8 +294,10 @@ class AdmissionMachine(RuleBasedStateMachine):
         )
 
     @precondition(lambda self: self.leases)
-    @rule(data=st.data(), variant=st.sampled_from(("valid", "valid", "other_child", "wrong_generation",
-                                                   "wrong_request", "wrong_owner")))
+    @rule(
+        data=st.data(),
+        variant=st.sampled_from(("valid", "valid", "other_child", "wrong_generation", "wrong_request", "wrong_owner")),
+    )
     def commit_dispatch_intent(self, data: st.DataObject, variant: str) -> None:
         lease = data.draw(st.sampled_from(self.leases))
         record = self._record(lease, variant)
@@ -273,8 +309,7 @@ class AdmissionMachine(RuleBasedStateMachine):
             assert table_dump(self.path) == before
 
     @precondition(lambda self: self.leases)
-    @rule(data=st.data(), outcome=st.sampled_from(("failed", "cancelled", "completed")),
-          advance=st.integers(0, 400))
+    @rule(data=st.data(), outcome=st.sampled_from(("failed", "cancelled", "completed")), advance=st.integers(0, 400))
     def abandon_before_prompt(self, data: st.DataObject, outcome: str, advance: int) -> None:
         lease = data.draw(st.sampled_from(self.leases))
         now = self.tick(advance)
@@ -288,8 +323,9 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.attempt("complete_live_turn", lambda: self.plane.complete_live_turn(lease, now, completion))
 
     @precondition(lambda self: self.leases)
-    @rule(data=st.data(), fence=st.sampled_from(("right", "wrong_generation", "wrong_owner")),
-          advance=st.integers(0, 400))
+    @rule(
+        data=st.data(), fence=st.sampled_from(("right", "wrong_generation", "wrong_owner")), advance=st.integers(0, 400)
+    )
     def heartbeat(self, data: st.DataObject, fence: str, advance: int) -> None:
         lease = data.draw(st.sampled_from(self.leases))
         now = self.tick(advance)

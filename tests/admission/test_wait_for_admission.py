@@ -14,8 +14,15 @@ from admission_plane import AdmissionPlane, InvalidInputError, Policy, RequestSt
 
 def submit(plane: AdmissionPlane, request_id: str, now: int, agent_id: str = "agent-a") -> None:
     plane.enqueue_with_payload(
-        request_id=request_id, session_id="s", agent_id=agent_id, fingerprint="f", provider="p", model="m",
-        now=now, plaintext="prompt", expires_at=now + 10_000_000,
+        request_id=request_id,
+        session_id="s",
+        agent_id=agent_id,
+        fingerprint="f",
+        provider="p",
+        model="m",
+        now=now,
+        plaintext="prompt",
+        expires_at=now + 10_000_000,
     )
 
 

@@ -102,8 +102,11 @@ def spawn_child_group(command: tuple[str, ...] = ("sleep", "600")) -> subprocess
     """A real dispatch child, leader of its own session and process group."""
     # No inherited pipes: a surviving child must not keep a killed worker's output open.
     return subprocess.Popen(
-        list(command), start_new_session=True,
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        list(command),
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
 
 
@@ -207,16 +210,28 @@ def run_race(database: str, index: str, seconds: str, policy_json: str, seed: st
                 tally.counts["cancelled_queued"] += 1
     finally:
         plane.close()
-    emit(tally.report(role="race", index=int(index), owner=owner,
-                      timing=[round(t - _STARTED, 3) for t in (opened, deadline, time.monotonic())]))
+    emit(
+        tally.report(
+            role="race",
+            index=int(index),
+            owner=owner,
+            timing=[round(t - _STARTED, 3) for t in (opened, deadline, time.monotonic())],
+        )
+    )
 
 
 def turn_fields(request_id: str, agent_id: str, model: str) -> dict[str, Any]:
     """``enqueue_with_payload`` arguments for one turn, at wall-clock now, sealing :func:`prompt_for`."""
     now = wall_ms()
     return {
-        "request_id": request_id, "session_id": "session-1", "agent_id": agent_id, "fingerprint": "fp",
-        "provider": PROVIDER, "model": model, "now": now, "plaintext": prompt_for(request_id),
+        "request_id": request_id,
+        "session_id": "session-1",
+        "agent_id": agent_id,
+        "fingerprint": "fp",
+        "provider": PROVIDER,
+        "model": model,
+        "now": now,
+        "plaintext": prompt_for(request_id),
         "expires_at": now + 600_000,
     }
 
@@ -228,6 +243,7 @@ def _still_queued(plane: AdmissionPlane, request_id: str) -> bool:
 
 def drive_turn(plane: AdmissionPlane, lease: AdmittedLease, tally: Tally, rng: random.Random) -> None:
     """Take one admitted lease to an end: abandoned, completed (maybe a capacity failure) or a released recovery."""
+
     def abandon(label: str) -> None:
         outcome = rng.choice(("cancelled", "failed"))
         if not tally.failed(tally.call(label, lambda: plane.abandon_before_prompt(lease, wall_ms(), outcome))):
@@ -248,8 +264,9 @@ def drive_turn(plane: AdmissionPlane, lease: AdmittedLease, tally: Tally, rng: r
         return
     child = spawn_child_group(("sleep", "30"))
     try:
-        result = tally.call("commit_dispatch_intent", lambda: plane.commit_dispatch_intent(
-            dispatch_record(plane, lease, child.pid)))
+        result = tally.call(
+            "commit_dispatch_intent", lambda: plane.commit_dispatch_intent(dispatch_record(plane, lease, child.pid))
+        )
         if tally.failed(result) or not result.ok or result.idempotent:
             tally.violations.append(f"dispatch intent not committed: {result}")
             abandon("abandon_undispatched")
@@ -366,8 +383,17 @@ def run_crash_at(database: str, phase: str, request_id: str, policy_json: str) -
     if phase == "active":
         plane.read_payload(request_id, wall_ms())
         plane.mark_active(lease, wall_ms())
-    emit({"event": "ready", "request_id": request_id, "lease_id": lease.lease_id, "generation": lease.generation,
-          "owner_instance_id": owner, "child_pid": child.pid, "pid": os.getpid()})
+    emit(
+        {
+            "event": "ready",
+            "request_id": request_id,
+            "lease_id": lease.lease_id,
+            "generation": lease.generation,
+            "owner_instance_id": owner,
+            "child_pid": child.pid,
+            "pid": os.getpid(),
+        }
+    )
     while True:
         time.sleep(60)
 
@@ -376,8 +402,14 @@ def run_queued(database: str, request_id: str, policy_json: str) -> None:
     """Enqueue one turn bound to this process as its queued owner; wait to be killed."""
     plane = open_plane(database, policy_json)
     plane.enqueue_with_payload(**turn_fields(request_id, "agent-queued", MODELS[0]))
-    emit({"event": "ready", "request_id": request_id, "owner_instance_id": plane.owner_identity.owner_instance_id,
-          "pid": os.getpid()})
+    emit(
+        {
+            "event": "ready",
+            "request_id": request_id,
+            "owner_instance_id": plane.owner_identity.owner_instance_id,
+            "pid": os.getpid(),
+        }
+    )
     while True:
         time.sleep(60)
 
@@ -547,7 +579,7 @@ def _stat_fields(pid: int) -> list[str] | None:
             text = handle.read()
     except OSError:
         return None
-    return text[text.rindex(")") + 2:].split()
+    return text[text.rindex(")") + 2 :].split()
 
 
 def group_members(pgid: int) -> list[int]:

@@ -26,9 +26,7 @@ RECENT_START: Scalar[int] = Scalar(select(one()).where(SH.started_at > P("cutoff
 RECENT_RESERVATION: Scalar[int] = Scalar(
     select(one()).where(one_of(L.phase, START_WINDOW_PHASES), L.acquired_at > P("cutoff")).limit(1)
 )
-LATEST_RESERVATION: Scalar[int] = Scalar(
-    select(func.max(L.acquired_at)).where(one_of(L.phase, START_WINDOW_PHASES))
-)
+LATEST_RESERVATION: Scalar[int] = Scalar(select(func.max(L.acquired_at)).where(one_of(L.phase, START_WINDOW_PHASES)))
 
 _queued_with_payload = and_(
     R.state == lit(QUEUED),

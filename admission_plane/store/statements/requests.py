@@ -40,9 +40,7 @@ INSERT_REQUEST = Statement(
     )
 )
 
-SELECT_PAYLOAD_FINGERPRINT: Scalar[str] = Scalar(
-    select(PL.content_fingerprint).where(PL.request_id == P("request_id"))
-)
+SELECT_PAYLOAD_FINGERPRINT: Scalar[str] = Scalar(select(PL.content_fingerprint).where(PL.request_id == P("request_id")))
 SELECT_PAYLOAD = Query(
     select(PL.nonce, PL.ciphertext, PL.auth_tag, PL.key_version, PL.content_fingerprint, PL.expires_at).where(
         PL.request_id == P("request_id")
@@ -73,9 +71,7 @@ _OWNER_COLUMNS = (
     QO.pgrp,
     QO.session,
 )
-SELECT_QUEUED_OWNER = Query(
-    select(*_OWNER_COLUMNS).where(QO.owner_instance_id == P("owner_instance_id")), OwnerRow
-)
+SELECT_QUEUED_OWNER = Query(select(*_OWNER_COLUMNS).where(QO.owner_instance_id == P("owner_instance_id")), OwnerRow)
 INSERT_QUEUED_OWNER = Statement(
     insert(QO).values(
         **{column.key: P(column.key) for column in _OWNER_COLUMNS},
