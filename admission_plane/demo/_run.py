@@ -29,6 +29,7 @@ from ..policy import Policy
 from ..states import START_WINDOW_PHASES, TERMINAL_STATES, RequestState
 from ..store.status import PlaneStatus, read_status
 from ._options import DemoOptions, Display
+from ._records import Victim, Worker
 from ._verdict import report, summarize
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -37,29 +38,6 @@ _REAP_EVERY_S = 0.25
 _HANG_AT_LEAST_S = 1.0
 _RELEASE_TIMEOUT_S = 15.0
 _DEMO_TIMEOUT_S = 180.0
-
-
-@attrs.define
-class Worker:
-    agent: str
-    process: subprocess.Popen[str]
-    stderr_path: Path
-    killed: bool = False
-
-
-@attrs.define
-class Victim:
-    """The turn whose worker is killed mid-dispatch, and what the reaper did about it."""
-
-    request_id: str
-    agent: str
-    index: int
-    killed_at: float | None = None
-    child_pid: int | None = None
-    child_killed_at: float | None = None
-    passes_retained_while_child_alive: int = 0
-    phases_seen: set[str] = attrs.field(factory=set)
-    released_at: float | None = None
 
 
 def run_demo(options: DemoOptions, out: TextIO | None = None) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import select
 
@@ -14,13 +14,11 @@ from ..states import EventKind, RequestState
 from ..store.model import Cooldown
 from ..store.status import PlaneStatus, read_status
 from ..values import SanitizedEvent
+from ._records import DemoRun
 from .worker import PROVIDER
 
-if TYPE_CHECKING:
-    from ._run import Demo
 
-
-def summarize(demo: Demo) -> dict[str, Any]:
+def summarize(demo: DemoRun) -> dict[str, Any]:
     """Read the final state and the journal, check every invariant, and sum up the run."""
     demo.drain_messages()
     demo.reap(wall_clock_ms())
@@ -78,7 +76,7 @@ def summarize(demo: Demo) -> dict[str, Any]:
     }
 
 
-def _all_events(demo: Demo) -> list[SanitizedEvent]:
+def _all_events(demo: DemoRun) -> list[SanitizedEvent]:
     events: list[SanitizedEvent] = []
     after = 0
     while True:
@@ -90,7 +88,7 @@ def _all_events(demo: Demo) -> list[SanitizedEvent]:
 
 
 def _check_basics(
-    demo: Demo,
+    demo: DemoRun,
     status: PlaneStatus,
     final_state: dict[str, str],
     admissions: Counter[Any],
@@ -121,7 +119,7 @@ def _check_basics(
             demo.violations.append(f"worker {worker.agent} exited with status {code}: {tail[0]}")
 
 
-def _check_capacity(demo: Demo, final_state: dict[str, str]) -> dict[str, Any] | None:
+def _check_capacity(demo: DemoRun, final_state: dict[str, str]) -> dict[str, Any] | None:
     request_id = demo.capacity_request
     if request_id is None:
         return None
@@ -160,7 +158,7 @@ def _check_capacity(demo: Demo, final_state: dict[str, str]) -> dict[str, Any] |
     }
 
 
-def _cooldown_end(demo: Demo, model: str) -> int | None:
+def _cooldown_end(demo: DemoRun, model: str) -> int | None:
     with demo.plane.engine.connect() as connection:
         value = connection.execute(
             select(Cooldown.not_before).where(Cooldown.provider == PROVIDER, Cooldown.model == model)
@@ -170,7 +168,7 @@ def _cooldown_end(demo: Demo, model: str) -> int | None:
 
 
 def _check_victim(
-    demo: Demo, final_state: dict[str, str], admissions: Counter[Any], activations: Counter[Any]
+    demo: DemoRun, final_state: dict[str, str], admissions: Counter[Any], activations: Counter[Any]
 ) -> dict[str, Any] | None:
     victim = demo.victim
     if victim is None:
@@ -200,7 +198,7 @@ def _check_victim(
     return report
 
 
-def report(demo: Demo, summary: dict[str, Any]) -> None:
+def report(demo: DemoRun, summary: dict[str, Any]) -> None:
     if demo.options.json_summary:
         demo.out.write(json.dumps(summary, sort_keys=True) + "\n")
         demo.out.flush()
