@@ -4,6 +4,10 @@ Independent of :mod:`admission_plane`; no SQLAlchemy. The public surface is re-e
 here through ``__all__``; the private modules are free to change. All lifecycle files of
 a session live in ``<state_dir>/<session_id>/owner-lifecycle/`` (see :func:`lifecycle_paths`).
 
+The behaviour, the JSON records byte for byte and the error codes are those of the original
+TypeScript implementation, which the docstrings call *the seed*; what this package adds
+on top is marked "beyond the seed".
+
 Plan, then execute, a direct tmux session (the target server is re-proved after the spawn)::
 
     from tmux_owner import (
@@ -68,7 +72,7 @@ Errors: refusals raise :class:`TmuxOwnerError` whose ``code`` is the seed's bare
 from ._bootstrap import BootstrapDependencies, BootstrapRequest, BootstrapResult, bootstrap_owner_isolation
 from ._cgroup import CgroupInfo, classify_cgroup
 from ._close import ExactOwnerCloseDependencies, ExactOwnerCloseRequest, close_exact_tmux_owner
-from ._common import InvalidRecordError, TmuxOwnerError, is_canonical_utc_timestamp
+from ._errors import InvalidRecordError, TmuxOwnerError
 from ._execute import (
     ExecutionDependencies,
     ExecutionFailure,
@@ -99,14 +103,13 @@ from ._plan_records import (
     PlanRequest,
     PlanSuccess,
     ScopedExecution,
-    TmuxServerProof,
-    is_safe_server_proof,
-    same_server_identity,
 )
 from ._predecessor import ManagedOwnerPredecessorEvidence, resolve_managed_owner_predecessor
 from ._procstat import owner_process_start_time, parse_linux_proc_start_time, read_linux_proc_start_time
 from ._protocol import handle_request, parse_request, serialize_response
 from ._recovery_fs import RecoveryFsRoot, open_recovery_fs_root
+from ._server_proof import TmuxServerProof, is_safe_server_proof, same_server_identity
+from ._timestamps import is_canonical_utc_timestamp
 from ._tmux import TmuxProbe, kill_spawned_session, spawn_tmux
 from ._verdict_records import (
     ObserveTerminalRequest,

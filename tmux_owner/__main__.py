@@ -6,7 +6,7 @@ import sys
 from collections.abc import Sequence
 
 from ._argv import CLI_FLAG
-from ._common import MAX_LINE_BYTES
+from ._jscompat import MAX_LINE_BYTES
 from ._protocol import cli_failure, run_protocol, serialize_response
 
 USAGE = f"usage: tmux-owner [{CLI_FLAG}] < request.json\n"

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
-from ._common import non_empty
+from ._validators import field_validator, non_empty
 
 CLI_FLAG = "--internal-tmux-owner-isolation"
 _NATIVE_SESSION_ID = re.compile(r"\$[0-9]+")
@@ -24,6 +24,11 @@ def is_native_session_id(value: object) -> bool:
 def bootstrap_argv() -> list[str]:
     """The argv that enters this package's JSON-line protocol in a fresh interpreter (the flag is last)."""
     return [sys.executable, "-m", "tmux_owner", CLI_FLAG]
+
+
+def owner_scope_unit(token: str) -> str:
+    """The transient scope unit a scoped attempt's bootstrap must run in: ``gjc-owner-<token>.scope``."""
+    return f"gjc-owner-{token}.scope"
 
 
 def scoped_execution_argv(expected_scope: str) -> list[str]:
@@ -72,3 +77,11 @@ def is_valid_argv(argv: object) -> bool:
         and all(isinstance(arg, str) and "\0" not in arg for arg in argv)
         and len(argv[0]) > 0
     )
+
+
+def argv_tuple(argv: Iterable[str]) -> tuple[str, ...]:
+    """The converter of every argv field of a record: an immutable copy."""
+    return tuple(argv)
+
+
+validate_argv = field_validator(lambda argv: is_valid_argv(list(argv)))

@@ -16,25 +16,35 @@ from typing import Any, Literal, Self
 
 import attrs
 
-from ._argv import is_native_session_id, is_valid_argv, tmux_attempt_session, tmux_control_argv
-from ._cgroup import classify_cgroup
-from ._common import (
-    SCHEMA_VERSION,
-    InvalidRecordError,
-    as_invalid_record,
-    current_ms,
-    is_safe_path_component,
-    is_schema_one,
-    non_empty,
-    parse_js_date_ms,
-    refuse_unless,
+from ._argv import (
+    argv_tuple,
+    is_native_session_id,
+    is_valid_argv,
+    owner_scope_unit,
+    tmux_attempt_session,
+    tmux_control_argv,
+    validate_argv,
 )
+from ._cgroup import classify_cgroup
+from ._errors import InvalidRecordError
 from ._execute import SpawnResult, is_exact_scoped_bootstrap_success_receipt
 from ._files import GENERATION_LOCK_WAIT_MS, LifecyclePaths, acquire_lock, lifecycle_paths, read_json_record
 from ._generations import OwnerGenerationBaseline, capture_owner_generation_baseline
 from ._plan import ATTEMPT_LIFETIME_MS
-from ._plan_records import AttemptCapability, PersistedAttempt, TmuxServerProof, is_safe_server_proof, write_attempt
+from ._plan_records import AttemptCapability, PersistedAttempt, write_attempt
+from ._server_proof import TmuxServerProof, is_safe_server_proof
+from ._timestamps import current_ms, parse_js_date_ms
 from ._tmux import TmuxProbe, read_proc_cgroup, run_argv
+from ._validators import (
+    SCHEMA_VERSION,
+    as_invalid_record,
+    has_exact_keys,
+    is_record,
+    is_schema_one,
+    require,
+    validate_non_empty,
+    validate_path_component,
+)
 
 __all__ = [
     "BootstrapDependencies",
@@ -47,9 +57,8 @@ __all__ = [
 ]
 
 
-_non_empty = refuse_unless(non_empty)
-_path_component = refuse_unless(is_safe_path_component)
-_argv = refuse_unless(lambda value: is_valid_argv(list(value)))
+def _validate_attempt_bound(instance: BootstrapRequest, attribute: attrs.Attribute[Any], value: Any) -> None:
+    require(value.socket_key == instance.socket_key and value.server_absent_before is True, attribute)
 
 
 @attrs.frozen
@@ -60,18 +69,15 @@ class BootstrapRequest:
     Beyond the seed: ``session_id``, ``owner_generation`` and the token must be safe path components.
     """
 
-    session_id: str = attrs.field(validator=[_non_empty, _path_component])
-    owner_generation: str = attrs.field(validator=[_non_empty, _path_component])
-    state_dir: str = attrs.field(validator=_non_empty)
-    socket_key: str = attrs.field(validator=_non_empty)
-    expected_scope: str = attrs.field(validator=_non_empty)
-    tmux_argv: tuple[str, ...] = attrs.field(converter=tuple, validator=_argv)
-    attempt: AttemptCapability = attrs.field(validator=attrs.validators.instance_of(AttemptCapability))
-
-    @attempt.validator
-    def _bound_to_request(self, attribute: attrs.Attribute[Any], value: AttemptCapability) -> None:
-        if value.socket_key != self.socket_key or value.server_absent_before is not True:
-            raise InvalidRecordError(attribute.name)
+    session_id: str = attrs.field(validator=[validate_non_empty, validate_path_component])
+    owner_generation: str = attrs.field(validator=[validate_non_empty, validate_path_component])
+    state_dir: str = attrs.field(validator=validate_non_empty)
+    socket_key: str = attrs.field(validator=validate_non_empty)
+    expected_scope: str = attrs.field(validator=validate_non_empty)
+    tmux_argv: tuple[str, ...] = attrs.field(converter=argv_tuple, validator=validate_argv)
+    attempt: AttemptCapability = attrs.field(
+        validator=[attrs.validators.instance_of(AttemptCapability), _validate_attempt_bound]
+    )
 
     KEYS = (
         "schema_version", "op", "session_id", "owner_generation", "state_dir",
@@ -81,7 +87,7 @@ class BootstrapRequest:
     @classmethod
     def from_json(cls, value: object) -> Self:
         """Accept exactly the seed's bootstrap request; ``InvalidRecordError`` otherwise."""
-        if not isinstance(value, dict) or set(value) != set(cls.KEYS):
+        if not is_record(value) or not has_exact_keys(value, cls.KEYS):
             raise InvalidRecordError(cls.__name__)
         if not is_schema_one(value["schema_version"]) or value["op"] != "bootstrap":
             raise InvalidRecordError(cls.__name__)
@@ -204,7 +210,7 @@ def bootstrap_owner_isolation(request: BootstrapRequest | object, deps: Bootstra
             not baseline_matches
             or not _matches_persisted(recorded, request)
             or tmux_attempt_session(request.tmux_argv) != request.attempt.session_name
-            or request.expected_scope != f"gjc-owner-{request.attempt.token}.scope"
+            or request.expected_scope != owner_scope_unit(request.attempt.token)
         ):
             return BootstrapResult.failed("attempt_capability_invalid")
         expires_at = parse_js_date_ms(request.attempt.expires_at)

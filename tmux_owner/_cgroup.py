@@ -6,14 +6,16 @@ Only public cgroup path metadata is read; anything malformed on Linux fails clos
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, get_args
 
 import attrs
 
-from ._common import InvalidRecordError, has_only_keys, is_record, js_trim
+from ._errors import InvalidRecordError
+from ._jscompat import js_trim
+from ._validators import has_only_keys, is_record, validate_optional_str
 
 CgroupClassification = Literal["not_applicable", "safe", "unsafe_service", "unverifiable"]
-CLASSIFICATIONS: frozenset[str] = frozenset({"not_applicable", "safe", "unsafe_service", "unverifiable"})
+CLASSIFICATIONS: frozenset[str] = frozenset(get_args(CgroupClassification))
 
 _USER_MANAGER = re.compile(r"user@[0-9]+\.service")
 _OWNED_SCOPE = re.compile(r"(?:^|/)(?:user|session|app|init|gjc)[^/]*\.scope(?:/|\Z)")
@@ -22,25 +24,19 @@ _VTE_SCOPE = re.compile(
 )
 
 
-def _optional_str(_instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is not None and not isinstance(value, str):
-        raise InvalidRecordError(f"CgroupInfo.{attribute.name}")
-
-
 @attrs.frozen
 class CgroupInfo:
     """The classification of one process's cgroup membership, with the scope or the reason."""
 
     classification: CgroupClassification = attrs.field(validator=attrs.validators.in_(CLASSIFICATIONS))
-    scope: str | None = attrs.field(default=None, validator=_optional_str)
-    diagnostic: str | None = attrs.field(default=None, validator=_optional_str)
+    scope: str | None = attrs.field(default=None, validator=validate_optional_str)
+    diagnostic: str | None = attrs.field(default=None, validator=validate_optional_str)
 
     @classmethod
     def from_json(cls, value: object) -> Self:
         """Build from a parsed JSON object; ``InvalidRecordError`` for any other shape."""
         if not is_record(value) or not has_only_keys(value, ("classification", "scope", "diagnostic")):
             raise InvalidRecordError("CgroupInfo")
-        assert isinstance(value, dict)
         if value.get("classification") not in CLASSIFICATIONS:
             raise InvalidRecordError("CgroupInfo.classification")
         for key in ("scope", "diagnostic"):

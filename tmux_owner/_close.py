@@ -16,19 +16,21 @@ from collections.abc import Callable
 
 import attrs
 
-from ._common import TmuxOwnerError, is_safe_integer, parse_timestamp_ms, validate_non_empty
-from ._files import GENERATION_LOCK_WAIT_MS, acquire_lock, lifecycle_paths, read_json_record
+from ._errors import TmuxOwnerError
+from ._files import GENERATION_LOCK_WAIT_MS, RetiredIntentSuffix, acquire_lock, lifecycle_paths, read_json_record
 from ._generations import is_current_owner_generation
 from ._intents import create_owner_intent
+from ._jscompat import is_safe_integer
 from ._procstat import read_linux_proc_start_time
+from ._timestamps import current_ms, parse_timestamp_ms
+from ._validators import field_validator, validate_non_empty
 from ._verdict_records import EXPECTED, OwnerVerdict
 
 VERDICT_POLL_SECONDS = 0.05
 
 
-def _positive_pid(_instance: object, _attribute: object, value: object) -> None:
-    if not (is_safe_integer(value) and isinstance(value, int) and value > 0):
-        raise ValueError("pid must be a positive integer")
+def _is_positive_pid(value: object) -> bool:
+    return is_safe_integer(value) and isinstance(value, int) and value > 0
 
 
 @attrs.frozen(kw_only=True)
@@ -39,7 +41,7 @@ class ExactOwnerCloseRequest:
     session_id: str = attrs.field(validator=validate_non_empty)
     generation: str = attrs.field(validator=validate_non_empty)
     server_key: str = attrs.field(validator=validate_non_empty)
-    pid: int = attrs.field(validator=_positive_pid)
+    pid: int = attrs.field(validator=field_validator(_is_positive_pid))
     start_time: str = attrs.field(validator=validate_non_empty)
     dispatch_id: str = attrs.field(validator=validate_non_empty)
     # Intent timestamps are checked where the seed checks them: creating the intent
@@ -73,7 +75,7 @@ def verdict_poller(request: ExactOwnerCloseRequest) -> Callable[[], OwnerVerdict
                     return None
                 if verdict.generation == request.generation and verdict.server_key == request.server_key:
                     return verdict
-            if time.time() * 1000 >= expires_ms:
+            if current_ms() >= expires_ms:
                 return None
             time.sleep(VERDICT_POLL_SECONDS)
 
@@ -109,7 +111,7 @@ def close_exact_tmux_owner(
     wait_for_verdict = deps.wait_for_verdict or verdict_poller(request)
     paths = lifecycle_paths(request.state_dir, request.session_id, request.generation)
 
-    def retire(suffix: str) -> None:
+    def retire(suffix: RetiredIntentSuffix) -> None:
         with contextlib.suppress(OSError):
             os.rename(paths.intent_file, paths.retired_intent_file(suffix))
 
@@ -137,7 +139,7 @@ def close_exact_tmux_owner(
             retire(".cancelled")
             raise TmuxOwnerError("owner_generation_mismatch")
         expires_ms = parse_timestamp_ms(intent.expires_at)
-        if expires_ms is None or expires_ms <= time.time() * 1000:
+        if expires_ms is None or expires_ms <= current_ms():
             retire(".expired")
             raise TmuxOwnerError("owner_term_verdict_timeout")
         try:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 import attrs
 
 from ._argv import is_native_session_id
-from ._common import MAX_LINE_BYTES, is_safe_integer, is_schema_one, loads, non_empty
+from ._jscompat import MAX_LINE_BYTES, is_safe_integer, loads, utf8_length
 from ._plan_records import (
     PLAN_ERROR_CODES,
     DirectExecution,
@@ -22,9 +22,9 @@ from ._plan_records import (
     PlanResponse,
     PlanSuccess,
     ScopedExecution,
-    TmuxServerProof,
-    is_safe_server_proof,
 )
+from ._server_proof import TmuxServerProof, is_safe_server_proof
+from ._validators import is_schema_one, non_empty
 
 
 @attrs.frozen
@@ -210,7 +210,7 @@ RECEIPT_KEYS = (
 
 def is_exact_scoped_bootstrap_success_receipt(stdout: str) -> bool:
     """Whether ``stdout`` is exactly one successful bootstrap receipt line (7 keys, proved server)."""
-    if len(stdout.encode("utf-8", "surrogatepass")) > MAX_LINE_BYTES:
+    if utf8_length(stdout) > MAX_LINE_BYTES:
         return False
     line = stdout[:-1] if stdout.endswith("\n") else stdout
     if not line or "\n" in line or "\r" in line:

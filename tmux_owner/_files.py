@@ -18,22 +18,21 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
-from urllib.parse import quote
+from typing import Any, Literal, get_args
 
 import attrs
 
-from ._common import TmuxOwnerError, dumps_line, is_safe_path_component, loads
+from ._errors import TmuxOwnerError
+from ._jscompat import dumps_line, encode_uri_component, loads
+from ._validators import is_safe_path_component
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 VERDICT_LOCK_WAIT_MS = 250
 GENERATION_LOCK_WAIT_MS = 7_000
 
-
-def encode_uri_component(value: str) -> str:
-    """JavaScript's ``encodeURIComponent`` (leaves ``A-Z a-z 0-9 - _ . ! ~ * ' ( )``)."""
-    return quote(value, safe="-_.!~*'()")
+RetiredIntentSuffix = Literal[".consumed", ".cancelled", ".expired", ".invalidated"]
+RETIRED_INTENT_SUFFIXES: tuple[RetiredIntentSuffix, ...] = get_args(RetiredIntentSuffix)
 
 
 @attrs.frozen
@@ -51,8 +50,8 @@ class LifecyclePaths:
     lock_database_file: Path
     journal_file: Path
 
-    def retired_intent_file(self, suffix: str) -> Path:
-        """``intent-<G>.json<suffix>``: the intent once ``.consumed``/``.cancelled``/``.expired``/``.invalidated``."""
+    def retired_intent_file(self, suffix: RetiredIntentSuffix) -> Path:
+        """``intent-<G>.json<suffix>``: the intent once consumed, cancelled, expired or invalidated."""
         return self.intent_file.with_name(self.intent_file.name + suffix)
 
     def attempt_file(self, token: str) -> Path:
@@ -61,7 +60,7 @@ class LifecyclePaths:
         return self.root / f"attempt-{token}.json"
 
 
-def require_path_component(value: Any, what: str) -> str:
+def require_path_component(value: object, what: str) -> str:
     """Refuse a value that would escape or confuse the lifecycle directory (beyond the seed)."""
     if not is_safe_path_component(value):
         raise TmuxOwnerError(f"invalid_{what}")

@@ -12,28 +12,11 @@ import contextlib
 import os
 import uuid
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, get_args
 
 import attrs
 
-from ._common import (
-    SCHEMA_VERSION,
-    InvalidRecordError,
-    TmuxOwnerError,
-    as_invalid_record,
-    dumps,
-    has_exact_keys,
-    is_record,
-    is_schema_one,
-    iso_now,
-    js_number,
-    record_with_exact_keys,
-    require,
-    validate_canonical_timestamp,
-    validate_non_empty,
-    validate_path_component,
-    validate_schema_one,
-)
+from ._errors import InvalidRecordError, TmuxOwnerError
 from ._files import (
     GENERATION_LOCK_WAIT_MS,
     acquire_lock,
@@ -43,7 +26,23 @@ from ._files import (
     publish_exclusive,
     read_json_record,
 )
+from ._jscompat import dumps, js_number
+from ._timestamps import iso_now
+from ._validators import (
+    SCHEMA_VERSION,
+    as_invalid_record,
+    has_exact_keys,
+    is_record,
+    is_schema_one,
+    record_with_exact_keys,
+    require,
+    validate_canonical_timestamp,
+    validate_non_empty,
+    validate_path_component,
+    validate_schema_one,
+)
 
+BaselineState = Literal["absent", "current"]
 GENERATION_KEYS = ("schema_version", "generation", "session_id", "published_at")
 _CURRENT_BASELINE_KEYS = ("state", *GENERATION_KEYS)
 
@@ -72,11 +71,11 @@ class GenerationRecord:
         }
 
 
-def _baseline_fields(instance: OwnerGenerationBaseline, _attribute: object, _value: object) -> None:
-    if instance.state == "absent":
-        require(instance.record is None, "an absent baseline has no record")
-    else:
-        require(isinstance(instance.record, GenerationRecord), "a current baseline needs its record")
+def _validate_baseline_record(
+    instance: OwnerGenerationBaseline, attribute: attrs.Attribute[Any], value: GenerationRecord | None
+) -> None:
+    """An absent baseline has no record; a current one has its generation record."""
+    require(value is None if instance.state == "absent" else isinstance(value, GenerationRecord), attribute)
 
 
 @attrs.frozen
@@ -86,8 +85,8 @@ class OwnerGenerationBaseline:
     Two baselines are the same exactly when they are equal.
     """
 
-    state: Literal["absent", "current"] = attrs.field(validator=attrs.validators.in_(("absent", "current")))
-    record: GenerationRecord | None = attrs.field(default=None, validator=_baseline_fields)
+    state: BaselineState = attrs.field(validator=attrs.validators.in_(get_args(BaselineState)))
+    record: GenerationRecord | None = attrs.field(default=None, validator=_validate_baseline_record)
 
     @classmethod
     def absent(cls) -> Self:

@@ -9,29 +9,29 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import Any, Final, Literal, Self
+from typing import Any, Final, Literal, Self, get_args
 
 import attrs
 
-from ._common import (
+from ._errors import InvalidRecordError, TmuxOwnerError
+from ._files import RETIRED_INTENT_SUFFIXES, ensure_directory, exists_no_follow, lifecycle_paths, publish_exclusive
+from ._jscompat import js_number
+from ._timestamps import parse_timestamp_ms
+from ._validators import (
     SCHEMA_VERSION,
-    InvalidRecordError,
-    TmuxOwnerError,
     as_invalid_record,
+    field_validator,
     has_exact_keys,
     is_record,
-    js_number,
-    parse_timestamp_ms,
     require,
     validate_non_empty,
     validate_path_component,
     validate_schema_one,
 )
-from ._files import ensure_directory, exists_no_follow, lifecycle_paths, publish_exclusive
 
+IntentState = Literal["pending"]
 EXPECTED_TERMINAL_RESULT: Final = "owner_term_then_session_cleanup"
 EXPECTED_TERMINAL: Final = {"signal": "SIGTERM", "result": EXPECTED_TERMINAL_RESULT}
-INTENT_MARKER_SUFFIXES: Final = (".consumed", ".cancelled", ".expired", ".invalidated")
 
 _INTENT_KEYS = (
     "schema_version",
@@ -47,13 +47,13 @@ _INTENT_KEYS = (
 )
 
 
-def _parsable_timestamp(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    require(isinstance(value, str) and parse_timestamp_ms(value) is not None, f"{attribute.name} must be a timestamp")
+def _is_parsable_timestamp(value: object) -> bool:
+    return parse_timestamp_ms(value) is not None
 
 
-def _not_expired_before_created(instance: OwnerIntent, _attribute: object, expires_at: str) -> None:
-    created, expires = parse_timestamp_ms(instance.created_at), parse_timestamp_ms(expires_at)
-    require(created is not None and expires is not None and created <= expires, "created_at after expires_at")
+def _validate_not_expired_before_created(instance: OwnerIntent, attribute: attrs.Attribute[Any], value: Any) -> None:
+    created, expires = parse_timestamp_ms(instance.created_at), parse_timestamp_ms(value)
+    require(created is not None and expires is not None and created <= expires, attribute)
 
 
 @attrs.frozen(kw_only=True)
@@ -68,9 +68,11 @@ class OwnerIntent:
     session_id: str = attrs.field(validator=[validate_non_empty, validate_path_component])
     server_key: str = attrs.field(validator=validate_non_empty)
     dispatch_id: str = attrs.field(validator=validate_non_empty)
-    created_at: str = attrs.field(validator=_parsable_timestamp)
-    expires_at: str = attrs.field(validator=[_parsable_timestamp, _not_expired_before_created])
-    state: Literal["pending"] = attrs.field(default="pending", validator=attrs.validators.in_(("pending",)))
+    created_at: str = attrs.field(validator=field_validator(_is_parsable_timestamp))
+    expires_at: str = attrs.field(
+        validator=[field_validator(_is_parsable_timestamp), _validate_not_expired_before_created]
+    )
+    state: IntentState = attrs.field(default="pending", validator=attrs.validators.in_(get_args(IntentState)))
     schema_version: int = attrs.field(default=SCHEMA_VERSION, converter=js_number, validator=validate_schema_one)
 
     @classmethod
@@ -134,7 +136,7 @@ def create_owner_intent(
         raise TmuxOwnerError("owner_intent_invalid") from error
     paths = lifecycle_paths(state_dir, session_id, generation)
     ensure_directory(paths.root)
-    candidates = [paths.intent_file, *(paths.retired_intent_file(suffix) for suffix in INTENT_MARKER_SUFFIXES)]
+    candidates = [paths.intent_file, *(paths.retired_intent_file(suffix) for suffix in RETIRED_INTENT_SUFFIXES)]
     if any(exists_no_follow(candidate) for candidate in candidates):
         raise TmuxOwnerError("owner_intent_replay")
     if not publish_exclusive(paths.intent_file, intent.to_json()):

@@ -12,10 +12,11 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from ._argv import scoped_execution_argv, tmux_attempt_session, tmux_control_argv
+from ._argv import owner_scope_unit, scoped_execution_argv, tmux_attempt_session, tmux_control_argv
 from ._cgroup import CgroupInfo, classify_cgroup
-from ._common import SCHEMA_VERSION, InvalidRecordError, current_ms, dumps, iso_now
+from ._errors import InvalidRecordError
 from ._generations import is_owner_generation_baseline_current
+from ._jscompat import dumps
 from ._plan_records import (
     AttemptCapability,
     DirectExecution,
@@ -24,9 +25,10 @@ from ._plan_records import (
     PlanResponse,
     PlanSuccess,
     ScopedExecution,
-    TmuxServerProof,
-    is_safe_server_proof,
 )
+from ._server_proof import TmuxServerProof, is_safe_server_proof
+from ._timestamps import current_ms, iso_now
+from ._validators import SCHEMA_VERSION
 
 ATTEMPT_LIFETIME_MS = 7_000
 
@@ -89,16 +91,16 @@ def _plan_against_server(
     ):
         return PlanFailure("server_unverifiable", "target_server_unverifiable")
     if server.state == "safe":
-        execution = DirectExecution(
+        to_proved_server = DirectExecution(
             request.tmux_argv, attempt_session, request.socket_key, False, server.pid, server.start_time
         )
-        return PlanSuccess("not_required", execution, server.cgroup or CgroupInfo("safe"), "safe")
+        return PlanSuccess("not_required", to_proved_server, server.cgroup or CgroupInfo("safe"), "safe")
     classification = classify_cgroup(request.platform, probe.read_caller_cgroup())
     if classification.classification == "unverifiable":
         return PlanFailure("server_unverifiable", classification.diagnostic or "caller_cgroup_unverifiable")
     if classification.classification != "unsafe_service":
-        execution = DirectExecution(request.tmux_argv, attempt_session, request.socket_key, True)
-        return PlanSuccess("not_required", execution, classification, "absent")
+        to_new_server = DirectExecution(request.tmux_argv, attempt_session, request.socket_key, True)
+        return PlanSuccess("not_required", to_new_server, classification, "absent")
     token = str(uuid.uuid4())
     attempt = AttemptCapability(
         token=token,
@@ -111,7 +113,7 @@ def _plan_against_server(
     probe.record_attempt(
         state_dir=request.state_dir, session_id=request.session_id, generation=request.owner_generation, attempt=attempt
     )
-    expected_scope = f"gjc-owner-{token}.scope"
+    expected_scope = owner_scope_unit(token)
     bootstrap = {
         "schema_version": SCHEMA_VERSION,
         "op": "bootstrap",
@@ -123,7 +125,7 @@ def _plan_against_server(
         "tmux_argv": list(request.tmux_argv),
         "attempt": attempt.to_json(),
     }
-    execution = ScopedExecution(
+    scoped = ScopedExecution(
         argv=scoped_execution_argv(expected_scope),
         stdin_line=dumps(bootstrap),
         expected_scope=expected_scope,
@@ -131,4 +133,4 @@ def _plan_against_server(
         attempt_session=attempt_session,
         server_key=request.socket_key,
     )
-    return PlanSuccess("unsafe_scope_required", execution, classification, "absent")
+    return PlanSuccess("unsafe_scope_required", scoped, classification, "absent")

@@ -1,4 +1,4 @@
-"""The plan's records: the server proof, the plan request, the attempt capability and the plan responses.
+"""The plan's records: the plan request, the attempt capability and the plan responses.
 
 Each record parses exactly the seed's JSON shape (``from_json``, ``InvalidRecordError``
 otherwise) and renders it back in the seed's key order (``to_json``).
@@ -7,120 +7,43 @@ otherwise) and renders it back in the seed's key order (``to_json``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, get_args
 
 import attrs
 
-from ._argv import is_valid_argv
+from ._argv import argv_tuple, is_valid_argv, validate_argv
 from ._cgroup import CgroupInfo
-from ._common import (
-    SCHEMA_VERSION,
-    InvalidRecordError,
-    as_invalid_record,
-    has_only_keys,
-    is_js_date,
-    is_record,
-    is_safe_integer,
-    is_safe_path_component,
-    is_schema_one,
-    iso_now,
-    non_empty,
-    refuse_unless,
-    safe_diagnostic,
-)
+from ._errors import InvalidRecordError
 from ._files import ensure_directory, lifecycle_paths, publish_exclusive
 from ._generations import OwnerGenerationBaseline
+from ._jscompat import safe_diagnostic
+from ._server_proof import ServerState
+from ._timestamps import is_js_date, iso_now
+from ._validators import (
+    SCHEMA_VERSION,
+    as_invalid_record,
+    field_validator,
+    has_only_keys,
+    is_record,
+    is_schema_one,
+    validate_bool,
+    validate_non_empty,
+    validate_path_component,
+)
 
-ServerState = Literal["absent", "safe", "unsafe", "unverifiable"]
 PlanErrorCode = Literal[
     "scope_unavailable", "server_unsafe", "server_unverifiable", "server_race", "scope_bootstrap_failed"
 ]
-SERVER_STATES: frozenset[str] = frozenset({"absent", "safe", "unsafe", "unverifiable"})
-PLAN_ERROR_CODES: frozenset[str] = frozenset(
-    {"scope_unavailable", "server_unsafe", "server_unverifiable", "server_race", "scope_bootstrap_failed"}
-)
+PLAN_ERROR_CODES: frozenset[str] = frozenset(get_args(PlanErrorCode))
 PLATFORMS: frozenset[str] = frozenset(
     {"aix", "android", "darwin", "freebsd", "haiku", "linux", "netbsd", "openbsd", "sunos", "win32", "cygwin"}
 )
 
 
-_non_empty = refuse_unless(non_empty)
-_path_component = refuse_unless(is_safe_path_component)
-_argv = refuse_unless(lambda value: is_valid_argv(list(value)))
-_is_bool = refuse_unless(lambda value: isinstance(value, bool))
-
-
 def _record(value: object, keys: Sequence[str], what: str) -> dict[str, Any]:
-    if not is_record(value) or not has_only_keys(value, keys):  # type: ignore[arg-type]
+    if not is_record(value) or not has_only_keys(value, keys):
         raise InvalidRecordError(what)
-    assert isinstance(value, dict)
     return value
-
-
-@attrs.frozen
-class TmuxServerProof:
-    """What a probe proved about the tmux server behind a socket.
-
-    ``pid`` is kept as given so :func:`is_safe_server_proof` can judge it; ``pid_proven``
-    ``False`` marks a placeholder pid from a platform that cannot prove one.
-    """
-
-    state: ServerState = attrs.field(validator=attrs.validators.in_(SERVER_STATES))
-    pid: int | None = None
-    start_time: str | None = None
-    cgroup: CgroupInfo | None = None
-    session_names: tuple[str, ...] | None = None
-    pid_proven: bool | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """The seed's probe object (camelCase keys), omitting what is unknown."""
-        record: dict[str, Any] = {"state": self.state}
-        if self.pid is not None:
-            record["pid"] = self.pid
-        if self.start_time is not None:
-            record["startTime"] = self.start_time
-        if self.cgroup is not None:
-            record["cgroup"] = self.cgroup.to_json()
-        if self.session_names is not None:
-            record["sessionNames"] = list(self.session_names)
-        if self.pid_proven is not None:
-            record["pidProven"] = self.pid_proven
-        return record
-
-
-def is_safe_server_proof(server: TmuxServerProof, platform: str = "linux") -> bool:
-    """Structurally safe: state ``safe``, a positive safe-integer pid, a start time, and a safe cgroup.
-
-    Off Linux a ``not_applicable`` cgroup also counts.
-    """
-    classification = None if server.cgroup is None else server.cgroup.classification
-    return (
-        server.state == "safe"
-        and is_safe_integer(server.pid)
-        and server.pid is not None
-        and server.pid > 0
-        and non_empty(server.start_time)
-        and (classification == "safe" or (platform != "linux" and classification == "not_applicable"))
-    )
-
-
-def same_server_identity(left: TmuxServerProof, right: TmuxServerProof) -> bool:
-    """Whether two probes saw the same server: pid, start time and cgroup classification/scope/diagnostic."""
-    return (
-        left.pid == right.pid
-        and left.start_time == right.start_time
-        and _cgroup_fields(left.cgroup) == _cgroup_fields(right.cgroup)
-    )
-
-
-def _cgroup_fields(cgroup: CgroupInfo | None) -> tuple[str | None, str | None, str | None]:
-    if cgroup is None:
-        return (None, None, None)
-    return (cgroup.classification, cgroup.scope, cgroup.diagnostic)
-
-
-def _baseline(value: object) -> OwnerGenerationBaseline:
-    return OwnerGenerationBaseline.from_json(value)
 
 
 @attrs.frozen
@@ -131,12 +54,12 @@ class PlanRequest:
     """
 
     platform: str = attrs.field(validator=attrs.validators.in_(PLATFORMS))
-    session_id: str = attrs.field(validator=[_non_empty, _path_component])
-    owner_generation: str = attrs.field(validator=[_non_empty, _path_component])
+    session_id: str = attrs.field(validator=[validate_non_empty, validate_path_component])
+    owner_generation: str = attrs.field(validator=[validate_non_empty, validate_path_component])
     cwd: str = attrs.field(validator=attrs.validators.instance_of(str))
-    state_dir: str = attrs.field(validator=_non_empty)
-    socket_key: str = attrs.field(validator=_non_empty)
-    tmux_argv: tuple[str, ...] = attrs.field(converter=tuple, validator=_argv)
+    state_dir: str = attrs.field(validator=validate_non_empty)
+    socket_key: str = attrs.field(validator=validate_non_empty)
+    tmux_argv: tuple[str, ...] = attrs.field(converter=argv_tuple, validator=validate_argv)
     baseline: OwnerGenerationBaseline = attrs.field(validator=attrs.validators.instance_of(OwnerGenerationBaseline))
 
     KEYS = (
@@ -156,7 +79,7 @@ class PlanRequest:
         ):
             raise InvalidRecordError(cls.__name__)
         fields = {key: record[key] for key in cls.KEYS[2:9]}
-        baseline = _baseline(record["baseline"])
+        baseline = OwnerGenerationBaseline.from_json(record["baseline"])
         with as_invalid_record(cls.__name__):
             return cls(**fields, baseline=baseline)
 
@@ -183,17 +106,12 @@ class AttemptCapability:
     Beyond the seed: ``token`` becomes a file name, so it must be a safe path component.
     """
 
-    token: str = attrs.field(validator=[_non_empty, _path_component])
-    session_name: str = attrs.field(validator=_non_empty)
-    socket_key: str = attrs.field(validator=_non_empty)
-    server_absent_before: bool = attrs.field(validator=_is_bool)
+    token: str = attrs.field(validator=[validate_non_empty, validate_path_component])
+    session_name: str = attrs.field(validator=validate_non_empty)
+    socket_key: str = attrs.field(validator=validate_non_empty)
+    server_absent_before: bool = attrs.field(validator=validate_bool)
     baseline: OwnerGenerationBaseline = attrs.field(validator=attrs.validators.instance_of(OwnerGenerationBaseline))
-    expires_at: str = attrs.field(validator=_non_empty)
-
-    @expires_at.validator
-    def _parseable(self, attribute: attrs.Attribute[Any], value: str) -> None:
-        if not is_js_date(value):
-            raise InvalidRecordError(attribute.name)
+    expires_at: str = attrs.field(validator=[validate_non_empty, field_validator(is_js_date)])
 
     KEYS = ("token", "session_name", "socket_key", "server_absent_before", "baseline", "expires_at")
 
@@ -204,7 +122,7 @@ class AttemptCapability:
         if set(record) != set(cls.KEYS):
             raise InvalidRecordError(cls.__name__)
         fields = {key: record[key] for key in cls.KEYS if key != "baseline"}
-        baseline = _baseline(record["baseline"])
+        baseline = OwnerGenerationBaseline.from_json(record["baseline"])
         with as_invalid_record(cls.__name__):
             return cls(**fields, baseline=baseline)
 
@@ -227,10 +145,10 @@ class PersistedAttempt:
     Deviation: the seed tolerates extra keys here; we refuse them (our writer never adds any).
     """
 
-    generation: str = attrs.field(validator=_non_empty)
-    session_id: str = attrs.field(validator=_non_empty)
+    generation: str = attrs.field(validator=validate_non_empty)
+    session_id: str = attrs.field(validator=validate_non_empty)
     attempt: AttemptCapability
-    created_at: str = attrs.field(validator=_non_empty)
+    created_at: str = attrs.field(validator=validate_non_empty)
 
     KEYS = ("schema_version", "generation", "session_id", *AttemptCapability.KEYS, "created_at")
 
@@ -277,7 +195,7 @@ def write_attempt(
 class DirectExecution:
     """Run the planned tmux argv as it is."""
 
-    argv: tuple[str, ...] = attrs.field(converter=tuple)
+    argv: tuple[str, ...] = attrs.field(converter=argv_tuple)
     attempt_session: str
     server_key: str
     server_absent_before: bool
@@ -305,7 +223,7 @@ class DirectExecution:
 class ScopedExecution:
     """Run the bootstrap inside a fresh transient scope, feeding it ``stdin_line``."""
 
-    argv: tuple[str, ...] = attrs.field(converter=tuple)
+    argv: tuple[str, ...] = attrs.field(converter=argv_tuple)
     stdin_line: str
     expected_scope: str
     attempt: AttemptCapability

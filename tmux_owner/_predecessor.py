@@ -15,10 +15,12 @@ from typing import Any
 
 import attrs
 
-from ._common import TmuxOwnerError, dumps, is_safe_integer, loads, non_empty
+from ._errors import TmuxOwnerError
 from ._files import lifecycle_paths
 from ._generations import OwnerGenerationBaseline
+from ._jscompat import dumps, is_safe_integer, loads
 from ._recovery_fs import RecoveryFsRoot
+from ._validators import non_empty
 
 EVIDENCE_READ_LIMIT = 64 * 1024
 _BINDING = re.compile(r"child-([^/]+)\.binding\.json")

@@ -13,7 +13,7 @@ from typing import Literal, cast
 
 import attrs
 
-from ._common import is_safe_integer, js_trim
+from ._jscompat import is_safe_integer, js_trim
 
 _PID = re.compile(r"[1-9][0-9]*")
 _FIELD_SEPARATOR = re.compile(r"[ \t]+")

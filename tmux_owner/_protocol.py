@@ -11,11 +11,12 @@ import sys
 from typing import Any
 
 from ._bootstrap import BootstrapDependencies, BootstrapRequest, bootstrap_owner_isolation, real_bootstrap_dependencies
-from ._common import MAX_LINE_BYTES, SCHEMA_VERSION, dumps, loads, utf8_length
 from ._generations import PublishGenerationRequest, publish_owner_generation
+from ._jscompat import MAX_LINE_BYTES, dumps, loads, utf8_length
 from ._plan import OwnerIsolationProbe, plan_owner_isolation
 from ._plan_records import PlanRequest
 from ._tmux import TmuxProbe
+from ._validators import SCHEMA_VERSION
 from ._verdict_records import ObserveTerminalRequest
 from ._verdicts import observe_owner_terminal
 

@@ -14,16 +14,19 @@ from pathlib import Path
 
 import attrs
 
-from ._argv import is_native_session_id, tmux_control_argv
+from ._argv import argv_tuple, is_native_session_id, tmux_control_argv
 from ._cgroup import CgroupInfo, classify_cgroup
-from ._common import MAX_DIAGNOSTIC_CHARS, is_safe_integer, js_trim
 from ._execute import SpawnResult
-from ._plan_records import AttemptCapability, DirectExecution, ServerState, TmuxServerProof, write_attempt
+from ._jscompat import MAX_DIAGNOSTIC_CHARS, is_safe_integer, js_trim
+from ._plan_records import AttemptCapability, DirectExecution, write_attempt
 from ._procstat import read_linux_proc_start_time
+from ._server_proof import ServerState, TmuxServerProof
 
 _NO_SERVER = re.compile(r"no server running|failed to connect to server|error connecting to")
 _ROW_PID = re.compile(r"[1-9][0-9]*")
 TMUX_TIMEOUT_S = 10.0
+# A proved server is as safe as its cgroup; any classification not listed is unverifiable.
+_SERVER_STATE_OF_CGROUP: dict[str, ServerState] = {"safe": "safe", "unsafe_service": "unsafe"}
 
 
 def read_proc_cgroup(entry: str) -> str | None:
@@ -78,7 +81,7 @@ class TmuxProbe:
     none; ``read_cgroup`` (``"self"`` or a pid -> cgroup text) is the one seam tests inject.
     """
 
-    control_argv: tuple[str, ...] = attrs.field(converter=tuple, default=())
+    control_argv: tuple[str, ...] = attrs.field(converter=argv_tuple, default=())
     platform: str = sys.platform
     read_cgroup: Callable[[str], str | None] = read_proc_cgroup
     read_start_time: Callable[[int], str | None] = read_linux_proc_start_time
@@ -120,9 +123,7 @@ class TmuxProbe:
         start_time = self.read_start_time(pid)
         if not start_time:
             return TmuxServerProof("unverifiable", pid, None, cgroup, names)
-        state: ServerState = {"safe": "safe", "unsafe_service": "unsafe"}.get(  # type: ignore[assignment]
-            cgroup.classification, "unverifiable"
-        )
+        state = _SERVER_STATE_OF_CGROUP.get(cgroup.classification, "unverifiable")
         return TmuxServerProof(state, pid, start_time, cgroup, names)
 
     def record_attempt(self, *, state_dir: str, session_id: str, generation: str, attempt: AttemptCapability) -> None:

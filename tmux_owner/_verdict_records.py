@@ -6,40 +6,42 @@ latter also decides whether an intent authorizes an observation (an expected shu
 
 from __future__ import annotations
 
-from typing import Any, Final, Literal, Self, TypeGuard
+from typing import Any, Final, Literal, Self, TypeGuard, get_args
 
 import attrs
 
-from ._common import (
+from ._errors import InvalidRecordError
+from ._intents import EXPECTED_TERMINAL_RESULT, OwnerIntent
+from ._jscompat import is_safe_integer, js_length, js_number
+from ._timestamps import parse_timestamp_ms
+from ._validators import (
     SCHEMA_VERSION,
-    InvalidRecordError,
     as_invalid_record,
+    field_validator,
     has_only_keys,
     is_record,
-    is_safe_integer,
     is_schema_one,
-    js_length,
-    js_number,
     non_empty,
-    parse_timestamp_ms,
     record_with_exact_keys,
     require,
     validate_canonical_timestamp,
     validate_non_empty,
+    validate_optional_non_empty,
     validate_path_component,
     validate_schema_one,
 )
-from ._intents import EXPECTED_TERMINAL_RESULT, OwnerIntent
 
 TerminalSignal = Literal["SIGTERM", "SIGHUP", "SIGINT", "SIGKILL", "EXIT", "MANUAL", "UNKNOWN"]
 TerminalObserver = Literal["sidecar", "raw_monitor"]
 VerdictClassification = Literal["expected_operator_shutdown", "unexpected_owner_loss", "non_operator_cleanup"]
+IncidentClassification = Literal["unexpected_owner_loss"]
 
-TERMINAL_SIGNALS: Final = ("SIGTERM", "SIGHUP", "SIGINT", "SIGKILL", "EXIT", "MANUAL", "UNKNOWN")
-TERMINAL_OBSERVERS: Final = ("sidecar", "raw_monitor")
-EXPECTED: Final = "expected_operator_shutdown"
-UNEXPECTED: Final = "unexpected_owner_loss"
-NON_OPERATOR: Final = "non_operator_cleanup"
+TERMINAL_SIGNALS: Final = get_args(TerminalSignal)
+TERMINAL_OBSERVERS: Final = get_args(TerminalObserver)
+VERDICT_CLASSIFICATIONS: Final = get_args(VerdictClassification)
+EXPECTED: Final[VerdictClassification] = "expected_operator_shutdown"
+UNEXPECTED: Final[IncidentClassification] = "unexpected_owner_loss"
+NON_OPERATOR: Final[VerdictClassification] = "non_operator_cleanup"
 ALLOWED_EXIT_KINDS: Final = frozenset({"owner_lost", "cleanup", "process_postmortem", "exit"})
 ALLOWED_REASONS: Final = frozenset(
     {
@@ -53,19 +55,22 @@ ALLOWED_REASONS: Final = frozenset(
         "terminal_observation",
     }
 )
+# What an observation's exit kind or reason outside the allowed sets is stored as.
+UNKNOWN_EXIT_KIND: Final = "unknown_terminal"
+UNKNOWN_REASON: Final = "terminal_observation"
 MAX_LABEL_LENGTH = 64
 
 
-def _short_label(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    require(non_empty(value) and js_length(value) <= MAX_LABEL_LENGTH, f"{attribute.name} must be 1-64 characters")
+def _is_short_label(value: object) -> bool:
+    return non_empty(value) and js_length(value) <= MAX_LABEL_LENGTH
 
 
-def _optional_non_empty(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    require(value is None or non_empty(value), f"{attribute.name} must be absent or a non-empty string")
+def _is_exit_code(value: object) -> bool:
+    return value is None or is_safe_integer(value)
 
 
-def _exit_code(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    require(value is None or is_safe_integer(value), f"{attribute.name} must be null or a safe integer")
+_validate_short_label = field_validator(_is_short_label)
+_validate_exit_code = field_validator(_is_exit_code)
 
 
 def _has_keys(value: object, keys: tuple[str, ...], *, optional: str) -> TypeGuard[dict[str, Any]]:
@@ -110,10 +115,10 @@ class ObserveTerminalRequest:
     observer: TerminalObserver = attrs.field(validator=attrs.validators.in_(TERMINAL_OBSERVERS))
     observed_at: str = attrs.field(validator=validate_canonical_timestamp)
     signal: TerminalSignal = attrs.field(validator=attrs.validators.in_(TERMINAL_SIGNALS))
-    exit_code: int | None = attrs.field(converter=js_number, validator=_exit_code)
-    exit_kind: str = attrs.field(validator=_short_label)
-    reason: str = attrs.field(validator=_short_label)
-    operator_dispatch_id: str | None = attrs.field(default=None, validator=_optional_non_empty)
+    exit_code: int | None = attrs.field(converter=js_number, validator=_validate_exit_code)
+    exit_kind: str = attrs.field(validator=_validate_short_label)
+    reason: str = attrs.field(validator=_validate_short_label)
+    operator_dispatch_id: str | None = attrs.field(default=None, validator=validate_optional_non_empty)
 
     @classmethod
     def from_json(cls, value: object) -> Self:
@@ -152,8 +157,8 @@ class ObserveTerminalRequest:
         """Unknown exit kinds become ``unknown_terminal``; unknown reasons ``terminal_observation``."""
         return attrs.evolve(
             self,
-            exit_kind=self.exit_kind if self.exit_kind in ALLOWED_EXIT_KINDS else "unknown_terminal",
-            reason=self.reason if self.reason in ALLOWED_REASONS else "terminal_observation",
+            exit_kind=self.exit_kind if self.exit_kind in ALLOWED_EXIT_KINDS else UNKNOWN_EXIT_KIND,
+            reason=self.reason if self.reason in ALLOWED_REASONS else UNKNOWN_REASON,
         )
 
     @property
@@ -161,22 +166,18 @@ class ObserveTerminalRequest:
         return f"owner-loss:{self.session_id}:{self.owner_generation}"
 
 
-def _verdict_consistent(instance: OwnerVerdict, _attribute: object, dedupe_key: Any) -> None:
-    require(dedupe_key == f"owner-loss:{instance.session_id}:{instance.generation}", "dedupe_key mismatch")
+def _validate_verdict_consistent(instance: OwnerVerdict, attribute: attrs.Attribute[Any], dedupe_key: Any) -> None:
+    """The dedupe key names the owner, and the classification agrees with the signal, result and intent."""
+    require(dedupe_key == f"owner-loss:{instance.session_id}:{instance.generation}", attribute)
     if instance.classification == EXPECTED:
-        require(
-            instance.signal == "SIGTERM" and instance.result == EXPECTED_TERMINAL_RESULT and bool(instance.intent_id),
-            "an expected verdict is a SIGTERM with its intent",
-        )
+        expected_shutdown = instance.signal == "SIGTERM" and instance.result == EXPECTED_TERMINAL_RESULT
+        require(expected_shutdown and bool(instance.intent_id), attribute)
     else:
-        require(instance.intent_id is None, "only an expected verdict names an intent")
+        require(instance.intent_id is None, attribute)
     if instance.classification == NON_OPERATOR:
-        require(instance.result == "cleanup", "a non-operator cleanup has result cleanup")
+        require(instance.result == "cleanup", attribute)
     if instance.classification == UNEXPECTED:
-        require(
-            instance.result in ALLOWED_EXIT_KINDS or instance.result == "unknown_terminal",
-            "an unexpected loss has an exit kind as result",
-        )
+        require(instance.result in ALLOWED_EXIT_KINDS or instance.result == UNKNOWN_EXIT_KIND, attribute)
 
 
 _VERDICT_KEYS = (
@@ -205,15 +206,13 @@ class OwnerVerdict:
     server_key: str = attrs.field(validator=validate_non_empty)
     observed_at: str = attrs.field(validator=validate_canonical_timestamp)
     signal: TerminalSignal = attrs.field(validator=attrs.validators.in_(TERMINAL_SIGNALS))
-    exit_code: int | None = attrs.field(converter=js_number, validator=_exit_code)
-    result: str = attrs.field(validator=_short_label)
+    exit_code: int | None = attrs.field(converter=js_number, validator=_validate_exit_code)
+    result: str = attrs.field(validator=_validate_short_label)
     observer: TerminalObserver = attrs.field(validator=attrs.validators.in_(TERMINAL_OBSERVERS))
-    classification: VerdictClassification = attrs.field(
-        validator=attrs.validators.in_((EXPECTED, UNEXPECTED, NON_OPERATOR))
-    )
+    classification: VerdictClassification = attrs.field(validator=attrs.validators.in_(VERDICT_CLASSIFICATIONS))
     reason: str = attrs.field(validator=attrs.validators.in_(ALLOWED_REASONS))
-    intent_id: str | None = attrs.field(default=None, validator=_optional_non_empty)
-    dedupe_key: str = attrs.field(validator=_verdict_consistent)
+    intent_id: str | None = attrs.field(default=None, validator=validate_optional_non_empty)
+    dedupe_key: str = attrs.field(validator=_validate_verdict_consistent)
     schema_version: int = attrs.field(default=SCHEMA_VERSION, converter=js_number, validator=validate_schema_one)
 
     @classmethod
@@ -265,8 +264,8 @@ class OwnerIncident:
     session_id: str = attrs.field(validator=validate_non_empty)
     dedupe_key: str = attrs.field(validator=validate_non_empty)
     created_at: str = attrs.field(validator=validate_canonical_timestamp)
-    classification: Literal["unexpected_owner_loss"] = attrs.field(
-        default=UNEXPECTED, validator=attrs.validators.in_((UNEXPECTED,))
+    classification: IncidentClassification = attrs.field(
+        default=UNEXPECTED, validator=attrs.validators.in_(get_args(IncidentClassification))
     )
     schema_version: int = attrs.field(default=SCHEMA_VERSION, converter=js_number, validator=validate_schema_one)
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any
 
-from ._common import SCHEMA_VERSION, InvalidRecordError, TmuxOwnerError, dumps, is_schema_one
+from ._errors import InvalidRecordError, TmuxOwnerError
 from ._files import (
     VERDICT_LOCK_WAIT_MS,
     LifecyclePaths,
@@ -28,6 +28,8 @@ from ._files import (
 )
 from ._generations import is_current_owner_generation
 from ._intents import EXPECTED_TERMINAL_RESULT, OwnerIntent
+from ._jscompat import dumps
+from ._validators import SCHEMA_VERSION, is_schema_one
 from ._verdict_records import (
     EXPECTED,
     NON_OPERATOR,
@@ -35,6 +37,7 @@ from ._verdict_records import (
     ObserveTerminalRequest,
     OwnerIncident,
     OwnerVerdict,
+    VerdictClassification,
     is_valid_owner_intent,
     parse_or_none,
 )
@@ -139,6 +142,7 @@ def _recover_journal(paths: LifecyclePaths, request: ObserveTerminalRequest) -> 
 
 
 def _build_verdict(observation: ObserveTerminalRequest, intent: OwnerIntent | None) -> OwnerVerdict:
+    classification: VerdictClassification
     if intent is not None:
         classification, result = EXPECTED, EXPECTED_TERMINAL_RESULT
     elif observation.exit_kind == "cleanup":

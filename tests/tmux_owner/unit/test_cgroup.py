@@ -1,4 +1,4 @@
-"""Cgroup classification (contract §2, TO-04..TO-25)."""
+"""Cgroup classification: which ``/proc/<pid>/cgroup`` texts prove an owned scope, a service, or nothing."""
 
 from __future__ import annotations
 
@@ -23,82 +23,85 @@ OUR_MACHINES = """9:name=systemd:/
 """
 
 SAFE = [
-    ("0::/", "/"),  # TO-09
-    ("0::/app.slice/app-demo.scope", "/app.slice/app-demo.scope"),  # TO-13
-    ("0::/user.slice/user-1000.slice/session-3.scope", "/user.slice/user-1000.slice/session-3.scope"),  # TO-14
+    ("0::/", "/"),  # the root alone
+    ("0::/app.slice/app-demo.scope", "/app.slice/app-demo.scope"),
+    ("0::/user.slice/user-1000.slice/session-3.scope", "/user.slice/user-1000.slice/session-3.scope"),
     ("0::/user.slice/user-1000.slice/session-3.scope\r\n", "/user.slice/user-1000.slice/session-3.scope"),
-    (f"0::{USER_MANAGER}/app.slice/app-demo.scope", f"{USER_MANAGER}/app.slice/app-demo.scope"),  # TO-15
-    (f"0::{VTE}", VTE),  # TO-16
-    ("0::/gjc-owner-abc.scope", "/gjc-owner-abc.scope"),  # TO-19
+    (f"0::{USER_MANAGER}/app.slice/app-demo.scope", f"{USER_MANAGER}/app.slice/app-demo.scope"),
+    (f"0::{VTE}", VTE),  # a terminal's scope under its own user's manager
+    ("0::/gjc-owner-abc.scope", "/gjc-owner-abc.scope"),  # a bootstrap's transient scope
     (f"0::{USER_MANAGER}/app.slice/gjc-owner-tok.scope", f"{USER_MANAGER}/app.slice/gjc-owner-tok.scope"),
-    ("0::/gjc-owner-abc.scope/extra", "/gjc-owner-abc.scope/extra"),  # TO-20
-    ("0::/init.scope", "/init.scope"),  # TO-21
+    ("0::/gjc-owner-abc.scope/extra", "/gjc-owner-abc.scope/extra"),  # below an owned scope
+    ("0::/init.scope", "/init.scope"),
     ("0::/sessionx.scope", "/sessionx.scope"),
     (
         "12:pids:/user.slice\n0::/user.slice/user-1000.slice/session-2.scope",
         "/user.slice/user-1000.slice/session-2.scope",
-    ),  # TO-23
-    ("9:name=systemd:/\n8:pids:/\n0::/\n", "/"),  # TO-25: /proc/1/cgroup here
+    ),  # a v1 controller line beside the unified one
+    ("9:name=systemd:/\n8:pids:/\n0::/\n", "/"),  # every hierarchy at the root
 ]
 
 UNVERIFIABLE = [
-    (None, "cgroup_metadata_missing"),  # TO-05
+    (None, "cgroup_metadata_missing"),
     ("", "cgroup_metadata_missing"),
     ("   \n", "cgroup_metadata_missing"),
     ("\n\n", "cgroup_metadata_missing"),
-    ("broken", "cgroup_metadata_malformed"),  # TO-06
-    ("0::relative/path", "cgroup_metadata_malformed"),  # TO-07
+    ("broken", "cgroup_metadata_malformed"),
+    ("0::relative/path", "cgroup_metadata_malformed"),
     ("0::", "cgroup_metadata_malformed"),
-    ("0::/a:b", "cgroup_metadata_malformed"),  # TO-08
+    ("0::/a:b", "cgroup_metadata_malformed"),  # the path is what follows the last colon
     (
         "0::/user.slice/user-1001.slice/user@1000.service/app.slice/vte-spawn-4006c3d1.scope",
         "cgroup_ownership_unproven",
     ),
-    ("0::/system.slice/vte-spawn-4006c3d1.scope", "cgroup_ownership_unproven"),  # TO-18
-    ("0::/myuser.scope", "cgroup_ownership_unproven"),  # TO-22
+    ("0::/system.slice/vte-spawn-4006c3d1.scope", "cgroup_ownership_unproven"),  # a terminal scope outside a user
+    ("0::/myuser.scope", "cgroup_ownership_unproven"),  # the prefix must start the name
     ("0::/system.slice/docker-abc.scope", "cgroup_ownership_unproven"),
     ("0::/docker/abc", "cgroup_ownership_unproven"),
     (f"0::{USER_MANAGER}", "cgroup_ownership_unproven"),
     (f"0::{USER_MANAGER}/tmux-spawn-1.scope", "cgroup_ownership_unproven"),
-    (OUR_MACHINES, "cgroup_ownership_unproven"),  # TO-24
+    (OUR_MACHINES, "cgroup_ownership_unproven"),  # a memory controller below the root
 ]
 
 UNSAFE_SERVICE = [
-    "0::/x.service",  # TO-10
+    "0::/x.service",
     "0::/system.slice/tmux.service",
     "0::/unit.service",
     "0::/caller.service",
-    f"0::{USER_MANAGER}/app.slice/snap.foo.service",  # TO-11
-    "0::/user.slice/user-1000.slice/session-2.scope\n1:name=systemd:/system.slice/cron.service",  # TO-12
+    f"0::{USER_MANAGER}/app.slice/snap.foo.service",  # a service below the user manager
+    # a service on any line wins over a scope on another
+    "0::/user.slice/user-1000.slice/session-2.scope\n1:name=systemd:/system.slice/cron.service",
 ]
 
 
 @pytest.mark.parametrize("text", [None, "", "0::/x.service", OUR_MACHINES])
 def test_non_linux_cgroups_are_not_applicable(text: str | None) -> None:
-    """TO-04: off Linux every cgroup text, or none, is not_applicable."""
+    """Off Linux every cgroup text, or none, is not_applicable."""
     assert classify_cgroup("darwin", text) == CgroupInfo("not_applicable")
 
 
 @pytest.mark.parametrize(("text", "scope"), SAFE)
 def test_owned_scopes_and_the_root_classify_as_safe_with_the_whole_path(text: str, scope: str) -> None:
-    """TO-09, TO-13..16, TO-19..21, TO-23, TO-25: a matching scope (or only `/`) is safe with that path as scope."""
+    """A cgroup in an owned scope, or only at the root, is safe and names that whole path as its scope."""
     assert classify_cgroup("linux", text) == CgroupInfo("safe", scope=scope)
 
 
 @pytest.mark.parametrize(("text", "diagnostic"), UNVERIFIABLE)
 def test_missing_malformed_or_unowned_cgroups_are_unverifiable(text: str | None, diagnostic: str) -> None:
-    """TO-05..08, TO-17, TO-18, TO-22, TO-24: anything that proves no owned scope fails closed with the reason."""
+    """Missing, malformed or unowned cgroup text is unverifiable, with the reason as diagnostic."""
     assert classify_cgroup("linux", text) == CgroupInfo("unverifiable", diagnostic=diagnostic)
 
 
 @pytest.mark.parametrize("text", UNSAFE_SERVICE)
 def test_a_service_component_anywhere_wins_over_every_scope(text: str) -> None:
-    """TO-10..12: any `.service` component other than `user@N.service` makes the cgroup unsafe_service."""
+    """Any `.service` path component other than `user@N.service` makes the cgroup unsafe_service, whatever scope is also
+    listed.
+    """
     assert classify_cgroup("linux", text) == CgroupInfo("unsafe_service", diagnostic="service_cgroup_inheritance")
 
 
 def test_the_cgroup_of_this_machine_is_unverifiable_when_it_has_a_process_api_memory_line() -> None:
-    """TO-24 (§16): our own /proc/self/cgroup, with its `memory:/process_api/<hex>` line, is unverifiable."""
+    """On a machine whose own /proc/self/cgroup has a `memory:/process_api/<hex>` line, that cgroup is unverifiable."""
     text = Path("/proc/self/cgroup").read_text(encoding="utf-8")
     if ":/process_api/" not in text:
         pytest.skip("this machine's cgroup has no process_api line")

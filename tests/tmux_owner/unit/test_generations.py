@@ -1,4 +1,4 @@
-"""Owner generations: baseline capture, compare-and-set publication, immutable markers (contract §1, §6)."""
+"""Owner generations: baseline capture, compare-and-set publication and the immutable per-generation markers."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import uuid
 from pathlib import Path
 
 import pytest
+from tmux_support import SESSION, intent_args, root_of
 
 from tmux_owner import _generations
-from tmux_owner._common import InvalidRecordError, TmuxOwnerError
+from tmux_owner._errors import InvalidRecordError, TmuxOwnerError
 from tmux_owner._files import lifecycle_paths
 from tmux_owner._generations import (
     GenerationRecord,
@@ -27,12 +28,6 @@ from tmux_owner._generations import (
     same_owner_generation_baseline,
 )
 from tmux_owner._intents import create_owner_intent
-
-SESSION = "session"
-
-
-def root_of(state_dir: Path) -> Path:
-    return state_dir / SESSION / "owner-lifecycle"
 
 
 def write_generation(state_dir: Path, content: str) -> Path:
@@ -51,7 +46,7 @@ def publish(state_dir: Path, generation: str, baseline: OwnerGenerationBaseline)
 
 
 def test_capture_reports_absent_when_no_generation_was_published(tmp_path: Path) -> None:
-    """TO-81: without generation.json the baseline is absent."""
+    """Without generation.json the captured baseline is absent."""
     assert capture_owner_generation_baseline(tmp_path, SESSION) == OwnerGenerationBaseline.absent()
     assert capture_owner_generation_baseline(tmp_path, SESSION).to_json() == {"state": "absent"}
 
@@ -76,7 +71,9 @@ VALID = {"schema_version": 1, "generation": "g", "session_id": SESSION, "publish
     ],
 )
 def test_capture_raises_corrupt_for_anything_but_this_sessions_exact_record(tmp_path: Path, content: str) -> None:
-    """TO-82: a generation.json that is not exactly this session's four-key record is corrupt."""
+    """A generation.json that is not exactly this session's four-key record raises baseline_generation_corrupt and is
+    never current.
+    """
     write_generation(tmp_path, content)
     with pytest.raises(TmuxOwnerError) as raised:
         capture_owner_generation_baseline(tmp_path, SESSION)
@@ -85,7 +82,7 @@ def test_capture_raises_corrupt_for_anything_but_this_sessions_exact_record(tmp_
 
 
 def test_a_symlinked_generation_file_reads_as_corrupt(tmp_path: Path) -> None:
-    """Beyond the seed: generation.json is never followed through a symlink, even to a valid record."""
+    """Beyond the seed, a symlinked generation.json is never followed, even to a valid record, and reads as corrupt."""
     elsewhere = tmp_path / "elsewhere.json"
     elsewhere.write_text(json.dumps(VALID))
     root = root_of(tmp_path)
@@ -100,7 +97,7 @@ def test_a_symlinked_generation_file_reads_as_corrupt(tmp_path: Path) -> None:
 
 
 def test_publication_chain_moves_the_pointer_and_leaves_a_marker_per_generation(tmp_path: Path) -> None:
-    """TO-83/TO-92: absent -> first -> newer leaves both markers, a 0600 pointer and a 0700 directory."""
+    """Publishing absent -> first -> newer moves the pointer, leaves both markers, 0600 files and a 0700 directory."""
     assert publish(tmp_path, "first", OwnerGenerationBaseline.absent()) == "first"
     first = capture_owner_generation_baseline(tmp_path, SESSION)
     assert publish(tmp_path, "newer", first) == "newer"
@@ -120,7 +117,7 @@ def test_publication_chain_moves_the_pointer_and_leaves_a_marker_per_generation(
 
 @pytest.mark.parametrize("generation", ["first", "newer"])
 def test_republishing_an_old_or_current_generation_is_a_replay(tmp_path: Path, generation: str) -> None:
-    """TO-84: a generation whose marker exists can never be published again; the pointer stays."""
+    """A generation whose marker exists is never published again (generation_replay), and the pointer stays."""
     publish(tmp_path, "first", OwnerGenerationBaseline.absent())
     publish(tmp_path, "newer", capture_owner_generation_baseline(tmp_path, SESSION))
     before = (root_of(tmp_path) / "generation.json").read_bytes()
@@ -131,7 +128,9 @@ def test_republishing_an_old_or_current_generation_is_a_replay(tmp_path: Path, g
 
 
 def test_a_stale_baseline_loses_the_compare_and_set_with_each_publishers_spelling(tmp_path: Path) -> None:
-    """TO-85: the canonical publisher says baseline_generation_changed, replace says generation_baseline_changed."""
+    """A stale baseline loses the compare-and-set as baseline_generation_changed when published and
+    generation_baseline_changed when replaced.
+    """
     publish(tmp_path, "first", OwnerGenerationBaseline.absent())
     outdated = capture_owner_generation_baseline(tmp_path, SESSION)
     publish(tmp_path, "newer", outdated)
@@ -143,7 +142,7 @@ def test_a_stale_baseline_loses_the_compare_and_set_with_each_publishers_spellin
 
 
 def test_a_rewritten_publication_time_makes_the_old_baseline_stale(tmp_path: Path) -> None:
-    """TO-86: the same generation with another published_at is a different baseline."""
+    """The same generation with another published_at is a different baseline, so the old one is stale."""
     publish(tmp_path, "first", OwnerGenerationBaseline.absent())
     old = capture_owner_generation_baseline(tmp_path, SESSION)
     write_generation(tmp_path, json.dumps({**old.record.to_json(), "published_at": "2030-01-01T00:00:00.000Z"}))
@@ -153,7 +152,9 @@ def test_a_rewritten_publication_time_makes_the_old_baseline_stale(tmp_path: Pat
 
 
 def test_replace_without_arguments_publishes_a_fresh_uuid_unconditionally(tmp_path: Path) -> None:
-    """TO-89: no generation means a random UUID, and no expected baseline means no CAS check."""
+    """Replacing without a generation publishes a random UUID, and without an expected baseline it skips the
+    compare-and-set.
+    """
     publish(tmp_path, "first", OwnerGenerationBaseline.absent())
     generation = replace_owner_generation(tmp_path, SESSION)
     assert str(uuid.UUID(generation)) == generation
@@ -161,7 +162,7 @@ def test_replace_without_arguments_publishes_a_fresh_uuid_unconditionally(tmp_pa
 
 
 def test_concurrent_unconditional_replacements_all_succeed_serialised_by_sqlite(tmp_path: Path) -> None:
-    """TO-89/TO-03: racing replacements all publish; only owner-locks.sqlite serialises them."""
+    """Racing unconditional replacements all publish, serialised by owner-locks.sqlite alone."""
     barrier = threading.Barrier(6)
     published: list[str] = []
     errors: list[BaseException] = []
@@ -192,7 +193,9 @@ def test_concurrent_unconditional_replacements_all_succeed_serialised_by_sqlite(
 def test_publication_gives_up_when_another_connection_holds_the_lock(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """TO-87: without the SQLite lock within the wait, publication raises generation_lock_contended."""
+    """Without the SQLite generation lock within the wait, publication raises generation_lock_contended and writes
+    nothing.
+    """
     monkeypatch.setattr(_generations, "GENERATION_LOCK_WAIT_MS", 100)
     root = root_of(tmp_path)
     root.mkdir(parents=True)
@@ -208,7 +211,7 @@ def test_publication_gives_up_when_another_connection_holds_the_lock(
 
 
 def test_a_failed_publication_releases_the_lock(tmp_path: Path) -> None:
-    """TO-87: after a refused publication the lock is free again and nothing is left behind."""
+    """After a refused publication the lock is free again and no temporary file is left behind."""
     publish(tmp_path, "first", OwnerGenerationBaseline.absent())
     with pytest.raises(TmuxOwnerError):
         publish(tmp_path, "first", capture_owner_generation_baseline(tmp_path, SESSION))
@@ -222,7 +225,7 @@ def test_a_failed_publication_releases_the_lock(tmp_path: Path) -> None:
 
 
 def test_publication_restores_the_previous_marker_and_refuses_a_forged_one(tmp_path: Path) -> None:
-    """TO-88: the previous generation's marker is recreated if missing; a different marker is a replay."""
+    """Publication recreates a missing marker of the previous generation; a marker with other content is a replay."""
     publish(tmp_path, "first", OwnerGenerationBaseline.absent())
     root = root_of(tmp_path)
     marker = root / "generation-first.published.json"
@@ -237,23 +240,15 @@ def test_publication_restores_the_previous_marker_and_refuses_a_forged_one(tmp_p
     )
     with pytest.raises(TmuxOwnerError, match=r"^generation_replay$"):
         publish(tmp_path, "third", capture_owner_generation_baseline(tmp_path, SESSION))
-    # The marker of "third" was written before the check, so the id is burned (seed order).
+    # The new marker is written before the previous one is checked, so the id is spent anyway.
     assert (root / "generation-third.published.json").exists()
     assert capture_owner_generation_baseline(tmp_path, SESSION).generation == "second"
 
 
 def test_publishing_a_new_generation_invalidates_the_old_pending_intent(tmp_path: Path) -> None:
-    """TO-90: the previous generation's pending intent is renamed .invalidated."""
+    """Publishing a new generation renames the previous generation's pending intent to .invalidated."""
     publish(tmp_path, "old", OwnerGenerationBaseline.absent())
-    create_owner_intent(
-        tmp_path,
-        generation="old",
-        session_id=SESSION,
-        server_key="socket",
-        dispatch_id="dispatch",
-        created_at="2026-01-01T00:00:00.000Z",
-        expires_at="2026-01-01T00:01:00.000Z",
-    )
+    create_owner_intent(tmp_path, **intent_args(generation="old"))
     publish(tmp_path, "new", capture_owner_generation_baseline(tmp_path, SESSION))
     root = root_of(tmp_path)
     assert not (root / "intent-old.json").exists()
@@ -261,7 +256,7 @@ def test_publishing_a_new_generation_invalidates_the_old_pending_intent(tmp_path
 
 
 def test_marker_names_use_uri_component_encoding(tmp_path: Path) -> None:
-    """TO-01/TO-02: the marker name is encodeURIComponent(generation); other files use the raw generation."""
+    """Marker names encode the generation like encodeURIComponent, while every other file name uses it raw."""
     replace_owner_generation(tmp_path, SESSION, "a!b*'()")
     replace_owner_generation(tmp_path, SESSION, "g 1")
     names = os.listdir(root_of(tmp_path))
@@ -273,7 +268,7 @@ def test_marker_names_use_uri_component_encoding(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("generation", ["", ".", "..", "a/b", "x\0y"])
 def test_unsafe_generations_are_refused_before_anything_is_written(tmp_path: Path, generation: str) -> None:
-    """Beyond the seed: a generation that would be a dangerous path component is refused."""
+    """Beyond the seed, a generation that would be a dangerous path component is refused before anything is written."""
     with pytest.raises(TmuxOwnerError):
         replace_owner_generation(tmp_path, SESSION, generation)
     with pytest.raises(InvalidRecordError):
@@ -292,7 +287,7 @@ def test_unsafe_generations_are_refused_before_anything_is_written(tmp_path: Pat
 
 @pytest.mark.parametrize("session_id", ["", ".", "..", "a/b", "x\0y"])
 def test_unsafe_session_ids_are_refused(tmp_path: Path, session_id: str) -> None:
-    """Beyond the seed: a session id that would be a dangerous path component is refused."""
+    """Beyond the seed, a session id that would be a dangerous path component is refused before anything is written."""
     with pytest.raises(TmuxOwnerError):
         capture_owner_generation_baseline(tmp_path, session_id)
     with pytest.raises(TmuxOwnerError):
@@ -301,7 +296,7 @@ def test_unsafe_session_ids_are_refused(tmp_path: Path, session_id: str) -> None
 
 
 def test_baseline_round_trips_and_rejects_every_other_shape() -> None:
-    """TO-150: exactly {"state":"absent"}, or current with exactly five keys and a canonical time."""
+    """A baseline is exactly {"state":"absent"}, or "current" with exactly the four record keys and a canonical time."""
     current = {"state": "current", **VALID}
     assert OwnerGenerationBaseline.from_json(current).to_json() == current
     assert list(OwnerGenerationBaseline.from_json(current).to_json()) == [
@@ -328,7 +323,7 @@ def test_baseline_round_trips_and_rejects_every_other_shape() -> None:
 
 
 def test_baselines_are_the_same_only_when_every_field_matches() -> None:
-    """S:sameOwnerGenerationBaseline compares state and all four record fields."""
+    """Two baselines are the same only when their state and all four record fields match."""
     record = GenerationRecord(**VALID)
     same = OwnerGenerationBaseline.current(GenerationRecord(**VALID))
     assert same_owner_generation_baseline(OwnerGenerationBaseline.current(record), same)
@@ -339,7 +334,9 @@ def test_baselines_are_the_same_only_when_every_field_matches() -> None:
 
 
 def test_publish_request_and_result_follow_the_protocol_shape(tmp_path: Path) -> None:
-    """TO-91: the request parses from its exact JSON and the result is generation_published."""
+    """A publish request parses from its exact JSON, publishes once with generation_published, and any other shape is
+    refused.
+    """
     value = {
         "schema_version": 1,
         "op": "publish_generation",

@@ -1,4 +1,4 @@
-"""`python -m tmux_owner` as a subprocess: one request line in, one response line out (contract §11, §15)."""
+"""The ``tmux-owner`` command (``python -m tmux_owner``) as a subprocess: one request line in, one response line out."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tmux_support import plan_request_json
 
-from tmux_owner._common import dumps
+from tmux_owner._jscompat import dumps
 
 INVALID_LINE = '{"schema_version":1,"ok":false,"code":"scope_unavailable","diagnostic":"invalid_json_line"}\n'
 
@@ -45,22 +46,12 @@ def dead_socket() -> Iterator[list[str]]:
 
 
 def plan_request(state_dir: Path, control: list[str], session_name: str = "owned") -> dict[str, Any]:
-    return {
-        "schema_version": 1,
-        "op": "plan",
-        "platform": "darwin",
-        "session_id": "session",
-        "owner_generation": "generation",
-        "cwd": "/",
-        "state_dir": str(state_dir),
-        "socket_key": "socket",
-        "tmux_argv": [*control, "new-session", "-d", "-s", session_name],
-        "baseline": {"state": "absent"},
-    }
+    """A darwin plan request (no cgroups to read) for ``session_name`` on the server behind ``control``."""
+    return plan_request_json(state_dir, [*control, "new-session", "-d", "-s", session_name], platform="darwin")
 
 
 def test_the_cli_answers_a_plan_request(tmp_path: Path, dead_socket: list[str], tmux_binary: str) -> None:
-    """TO-37 over the CLI: a darwin-platform plan against an absent server answers a direct plan, status 0."""
+    """A darwin plan request against an absent server answers a direct plan on one line with status 0."""
     result = run_cli((dumps(plan_request(tmp_path, dead_socket)) + "\n").encode())
     response = answer(result)
     assert (response["ok"], response["code"], response["execution"]["mode"]) == (True, "not_required", "direct")
@@ -71,7 +62,7 @@ def test_the_cli_answers_a_plan_request(tmp_path: Path, dead_socket: list[str], 
 def test_an_oversize_response_is_replaced_by_response_too_large(
     tmp_path: Path, dead_socket: list[str], tmux_binary: str
 ) -> None:
-    """TO-151 over the CLI: a plan whose response would exceed 16 KiB answers response_too_large."""
+    """A plan request whose response would exceed 16 KiB answers the fixed response_too_large failure."""
     request = dumps(plan_request(tmp_path, dead_socket, "s" * 8_150))
     assert len(request.encode()) <= 16_384
     response = answer(run_cli(request.encode()))
@@ -84,7 +75,7 @@ def test_an_oversize_response_is_replaced_by_response_too_large(
 
 
 def test_the_cli_answers_a_bootstrap_request_and_fails_with_status_one(tmp_path: Path) -> None:
-    """§15: a bootstrap whose attempt was never recorded answers attempt_capability_invalid with status 1."""
+    """A bootstrap request whose attempt was never recorded answers attempt_capability_invalid with status 1."""
     request = {
         "schema_version": 1,
         "op": "bootstrap",
@@ -114,7 +105,9 @@ def test_the_cli_answers_a_bootstrap_request_and_fails_with_status_one(tmp_path:
 
 
 def test_the_cli_publishes_a_generation_once_and_then_observes_its_terminal(tmp_path: Path) -> None:
-    """TO-91/TO-113 over the CLI: publish answers generation_published, a replay fails, a cleanup exit is recorded."""
+    """Publishing a generation answers generation_published, publishing it again fails, and observing a cleanup exit
+    answers its verdict.
+    """
     publish = {
         "schema_version": 1,
         "op": "publish_generation",
@@ -163,7 +156,7 @@ def test_the_cli_publishes_a_generation_once_and_then_observes_its_terminal(tmp_
     ],
 )
 def test_a_malformed_multi_line_or_oversize_request_gets_the_fixed_failure(data: bytes) -> None:
-    """§15: anything but one valid line of at most 16 KiB answers invalid_json_line, status 1, no traceback."""
+    """Anything but one valid request line of at most 16 KiB answers invalid_json_line, status 1, no traceback."""
     result = run_cli(data)
     assert result.stdout.decode() == INVALID_LINE
     assert result.stderr == b""

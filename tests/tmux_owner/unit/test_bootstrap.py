@@ -1,117 +1,32 @@
-"""Scoped bootstrap (contract §5, TO-66..TO-80, TO-152).
+"""The scoped bootstrap run in-process: attempt consumption, scope self-proof, spawn and receipt.
 
-systemd cannot run here (no systemd as PID 1), so every test calls the bootstrap
-in-process with a real state directory and injects its self-cgroup reader; spawn and
-probe are injected too, except in the real-tmux test, which spawns a real session.
+systemd cannot run here (no systemd as PID 1), so every test calls the bootstrap with a
+real state directory and injects its self-cgroup reader, spawner and server probe; the
+bootstrap that spawns a real tmux session is in ``real_tmux/test_bootstrap_real_tmux.py``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import sqlite3
-import subprocess
-import tempfile
-import uuid
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
+from tmux_support import BOOTSTRAP_NOW as NOW
+from tmux_support import World, root_of
 
 from tmux_owner import _bootstrap
-from tmux_owner._bootstrap import BootstrapDependencies, BootstrapRequest, BootstrapResult, bootstrap_owner_isolation
-from tmux_owner._cgroup import CgroupInfo
-from tmux_owner._common import TmuxOwnerError, current_ms, dumps, iso_now
-from tmux_owner._execute import SpawnResult, is_exact_scoped_bootstrap_success_receipt
-from tmux_owner._generations import capture_owner_generation_baseline, replace_owner_generation
-from tmux_owner._plan_records import AttemptCapability, TmuxServerProof, write_attempt
-from tmux_owner._tmux import TmuxProbe, run_argv
-
-NOW = 1_767_225_600_000
-SAFE = TmuxServerProof("safe", 1, "1", CgroupInfo("safe", scope="/"))
-
-
-@attrs.define
-class World:
-    """A bootstrap scene: a published prior generation, a recorded attempt and injected dependencies."""
-
-    state_dir: Path
-    argv: list[str]
-    token: str = attrs.field(factory=lambda: str(uuid.uuid4()))
-    self_cgroup: str | None = None
-    stdout: str = "$0\n"
-    exit_code: int | None = 0
-    proof: TmuxServerProof | Exception = SAFE
-    now: int = NOW
-    spawns: list[list[str]] = attrs.field(factory=list)
-    probes: list[tuple[str, list[str]]] = attrs.field(factory=list)
-    attempt: AttemptCapability | None = None
-
-    def setup(self, expires_in_ms: int = 5_000, generation: str = "generation") -> World:
-        if not (self.state_dir / "session" / "owner-lifecycle" / "generation.json").exists():
-            replace_owner_generation(self.state_dir, "session", "prior-generation")
-        self.attempt = AttemptCapability(
-            token=self.token,
-            session_name=self.session_name(),
-            socket_key="socket",
-            server_absent_before=True,
-            baseline=capture_owner_generation_baseline(self.state_dir, "session"),
-            expires_at=iso_now(self.now + expires_in_ms),
-        )
-        write_attempt(str(self.state_dir), "session", generation, self.attempt)
-        return self
-
-    def session_name(self) -> str:
-        return self.argv[self.argv.index("-s") + 1]
-
-    @property
-    def scope(self) -> str:
-        return f"gjc-owner-{self.token}.scope"
-
-    @property
-    def attempt_file(self) -> Path:
-        return self.state_dir / "session" / "owner-lifecycle" / f"attempt-{self.token}.json"
-
-    def request(self, **overrides: Any) -> dict[str, Any]:
-        assert self.attempt is not None
-        value = {
-            "schema_version": 1,
-            "op": "bootstrap",
-            "session_id": "session",
-            "owner_generation": "generation",
-            "state_dir": str(self.state_dir),
-            "socket_key": "socket",
-            "expected_scope": self.scope,
-            "tmux_argv": self.argv,
-            "attempt": self.attempt.to_json(),
-        }
-        value.update(overrides)
-        return value
-
-    def deps(self) -> BootstrapDependencies:
-        return BootstrapDependencies(
-            read_self_cgroup=lambda: f"0::/{self.scope}" if self.self_cgroup is None else self.self_cgroup,
-            spawn=self.spawn,
-            probe_server=self.probe,
-            now_ms=lambda: self.now,
-        )
-
-    def spawn(self, argv: Sequence[str]) -> SpawnResult:
-        self.spawns.append(list(argv))
-        return SpawnResult(self.exit_code, self.stdout)
-
-    def probe(self, socket_key: str, control_argv: Sequence[str]) -> TmuxServerProof:
-        self.probes.append((socket_key, list(control_argv)))
-        if isinstance(self.proof, Exception):
-            raise self.proof
-        return self.proof
-
-    def run(self, **overrides: Any) -> BootstrapResult:
-        return bootstrap_owner_isolation(self.request(**overrides), self.deps())
-
+from tmux_owner._bootstrap import BootstrapRequest, BootstrapResult, bootstrap_owner_isolation
+from tmux_owner._errors import TmuxOwnerError
+from tmux_owner._execute import is_exact_scoped_bootstrap_success_receipt
+from tmux_owner._generations import replace_owner_generation
+from tmux_owner._jscompat import dumps
+from tmux_owner._plan_records import write_attempt
+from tmux_owner._server_proof import TmuxServerProof
+from tmux_owner._timestamps import iso_now
 
 ARGV = ["tmux", "new-session", "-s", "owned", "a b"]
 
@@ -126,8 +41,10 @@ def failed(diagnostic: str) -> BootstrapResult:
 
 
 def test_a_bootstrap_in_its_proved_scope_spawns_the_exact_argv_and_answers_a_receipt(world: World) -> None:
-    """TO-68: consume the attempt, spawn the exact argv once, probe via `["tmux"]`, publish nothing, give a receipt."""
-    before = (world.state_dir / "session" / "owner-lifecycle" / "generation.json").read_bytes()
+    """A bootstrap in its own scope consumes the attempt, spawns the exact argv once, probes the server through
+    `["tmux"]`, publishes no generation and answers the exact success receipt.
+    """
+    before = (root_of(world.state_dir) / "generation.json").read_bytes()
     result = world.run()
     assert result.to_json() == {
         "schema_version": 1,
@@ -147,14 +64,18 @@ def test_a_bootstrap_in_its_proved_scope_spawns_the_exact_argv_and_answers_a_rec
 
 
 def test_the_bootstrap_probes_through_an_explicit_socket_argv(tmp_path: Path) -> None:
-    """TO-69: argv `tmux -L explicit new-session …` gives the probe `["tmux","-L","explicit"]`."""
+    """For the argv `tmux -L explicit new-session …` the bootstrap probes the server through `["tmux", "-L",
+    "explicit"]`.
+    """
     world = World(tmp_path, ["tmux", "-L", "explicit", "new-session", "-s", "owned-explicit", "a b"]).setup()
     assert world.run().ok
     assert world.probes == [("socket", ["tmux", "-L", "explicit"])]
 
 
 def test_a_replayed_bootstrap_request_is_refused_without_spawning(world: World) -> None:
-    """TO-70: the same request after a success finds no attempt file and is attempt_capability_invalid."""
+    """Replaying a request that already succeeded finds no attempt file, answers attempt_capability_invalid and spawns
+    nothing.
+    """
     assert world.run().ok
     assert world.run() == failed("attempt_capability_invalid")
     assert len(world.spawns) == 1
@@ -184,7 +105,9 @@ def rewrite_attempt(world: World, **changes: Any) -> None:
     ],
 )
 def test_an_attempt_that_does_not_match_is_invalid_and_not_consumed(world: World, tamper: str) -> None:
-    """TO-71: a changed baseline, a missing or different persisted attempt, another -s or scope is invalid."""
+    """A changed generation baseline, a missing or differing persisted attempt, another session name or another scope is
+    attempt_capability_invalid and leaves the attempt unconsumed.
+    """
     overrides: dict[str, Any] = {}
     if tamper == "baseline_changed":
         replace_owner_generation(world.state_dir, "session", "current")
@@ -216,7 +139,9 @@ def test_an_attempt_that_does_not_match_is_invalid_and_not_consumed(world: World
 
 @pytest.mark.parametrize("expires_in_ms", [-1, 0, 7_001])
 def test_an_expired_or_too_distant_attempt_is_refused_and_not_consumed(tmp_path: Path, expires_in_ms: int) -> None:
-    """TO-72: an expiry in the past, equal to now, or more than 7 s ahead is attempt_capability_expired."""
+    """An attempt that expires in the past, exactly now, or more than 7 s from now is attempt_capability_expired and
+    stays unconsumed.
+    """
     world = World(tmp_path, list(ARGV)).setup(expires_in_ms=expires_in_ms)
     assert world.run() == failed("attempt_capability_expired")
     assert world.attempt_file.exists()
@@ -224,7 +149,9 @@ def test_an_expired_or_too_distant_attempt_is_refused_and_not_consumed(tmp_path:
 
 
 def test_a_capability_that_cannot_be_renamed_is_a_replay(world: World) -> None:
-    """TO-73: when the rename to `.consumed` fails (a directory is in the way) it is attempt_capability_replayed."""
+    """When the attempt cannot be renamed to `.consumed` (a directory is in the way) the bootstrap answers
+    attempt_capability_replayed without spawning.
+    """
     blocker = Path(f"{world.attempt_file}.consumed")
     blocker.mkdir()
     (blocker / "occupied").write_text("x")
@@ -237,7 +164,9 @@ def test_a_capability_that_cannot_be_renamed_is_a_replay(world: World) -> None:
     ["0::/bad.service", "0::/", "0::/user.slice/user-1000.slice/session-2.scope", "0::/gjc-owner-OTHER.scope", None],
 )
 def test_a_bootstrap_outside_its_own_scope_fails_self_proof_after_consuming(world: World, cgroup: str | None) -> None:
-    """TO-74: a self cgroup that is not `gjc-owner-<token>.scope` fails, spawns nothing, and the capability is spent."""
+    """A bootstrap whose own cgroup is not `gjc-owner-<token>.scope` fails scope_self_proof_failed without spawning, and
+    its attempt is spent all the same.
+    """
     world.self_cgroup = cgroup or ""
     assert world.run() == failed("scope_self_proof_failed")
     assert world.spawns == []
@@ -246,13 +175,17 @@ def test_a_bootstrap_outside_its_own_scope_fails_self_proof_after_consuming(worl
 
 
 def test_a_user_manager_app_slice_scope_passes_self_proof(world: World) -> None:
-    """TO-74: `…/user@1000.service/app.slice/gjc-owner-<token>.scope` is a valid self-proof."""
+    """The attempt's scope under a user manager (`…/user@1000.service/app.slice/gjc-owner-<token>.scope`) passes the
+    self-proof.
+    """
     world.self_cgroup = f"0::/user.slice/user-1000.slice/user@1000.service/app.slice/{world.scope}"
     assert world.run().ok
 
 
 def test_a_generation_published_between_consumption_and_spawn_stops_the_spawn(world: World) -> None:
-    """TO-75: the baseline is re-checked under the second lock, so a new generation means no spawn."""
+    """A generation published after the attempt was consumed is caught by the second baseline check, so nothing is
+    spawned.
+    """
 
     def cgroup_then_publish() -> str:
         replace_owner_generation(world.state_dir, "session", "intruder")
@@ -279,7 +212,9 @@ def test_a_generation_published_between_consumption_and_spawn_stops_the_spawn(wo
 def test_spawn_and_proof_failures_after_consumption_are_reported_without_cleanup(
     world: World, change: dict[str, Any], diagnostic: str
 ) -> None:
-    """TO-76..79: a failed spawn, a missing `$N`, an unsafe or failing post-spawn proof each have their diagnostic."""
+    """A failed spawn, a missing or malformed `$N` session id, and an unsafe, unverifiable or raising server proof after
+    the spawn each answer their own diagnostic.
+    """
     for key, value in change.items():
         setattr(world, key, value)
     assert world.run() == failed(diagnostic)
@@ -287,7 +222,7 @@ def test_spawn_and_proof_failures_after_consumption_are_reported_without_cleanup
 
 
 def test_an_exception_before_the_spawn_is_bootstrap_execution_failed(world: World) -> None:
-    """TO-79: an error after consumption but before any spawn is bootstrap_execution_failed."""
+    """An error after the attempt is consumed but before anything is spawned answers bootstrap_execution_failed."""
 
     def broken() -> str:
         raise OSError("cgroup")
@@ -297,8 +232,8 @@ def test_an_exception_before_the_spawn_is_bootstrap_execution_failed(world: Worl
 
 
 def test_a_corrupt_generation_file_raises_and_releases_the_lock(world: World) -> None:
-    """TO-80: a corrupt generation.json under the first lock raises baseline_generation_corrupt and frees the lock."""
-    root = world.state_dir / "session" / "owner-lifecycle"
+    """A corrupt generation.json read under the first lock raises baseline_generation_corrupt and releases the lock."""
+    root = root_of(world.state_dir)
     (root / "generation.json").write_text("{not json")
     with pytest.raises(TmuxOwnerError, match="baseline_generation_corrupt"):
         world.run()
@@ -311,11 +246,11 @@ def test_a_corrupt_generation_file_raises_and_releases_the_lock(world: World) ->
 
 
 def test_a_held_generation_lock_is_contended(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
-    """TO-67: a lock held by another connection past the (shortened) wait is generation_lock_contended."""
+    """A generation lock held by another connection past the (shortened) wait answers generation_lock_contended and
+    leaves the attempt in place.
+    """
     monkeypatch.setattr(_bootstrap, "GENERATION_LOCK_WAIT_MS", 50)
-    holder = sqlite3.connect(
-        world.state_dir / "session" / "owner-lifecycle" / "owner-locks.sqlite", isolation_level=None
-    )
+    holder = sqlite3.connect(root_of(world.state_dir) / "owner-locks.sqlite", isolation_level=None)
     try:
         holder.execute("BEGIN IMMEDIATE")
         assert world.run() == failed("generation_lock_contended")
@@ -342,7 +277,9 @@ INVALID_REQUESTS: list[tuple[str, Any]] = [
 
 @pytest.mark.parametrize(("key", "value"), INVALID_REQUESTS)
 def test_a_malformed_bootstrap_request_is_refused_before_any_lock(world: World, key: str, value: Any) -> None:
-    """TO-66: an extra key, wrong schema/op, empty or unsafe id, bad argv or attempt is invalid_bootstrap_request."""
+    """An extra key, a wrong schema or op, an empty or unsafe id, a bad argv or a missing attempt answers
+    invalid_bootstrap_request.
+    """
     assert world.run(**{key: value}) == failed("invalid_bootstrap_request")
 
 
@@ -360,13 +297,17 @@ def test_a_malformed_bootstrap_request_is_refused_before_any_lock(world: World, 
 def test_a_bootstrap_attempt_that_is_not_bound_to_the_request_is_malformed(
     world: World, change: dict[str, Any]
 ) -> None:
-    """TO-66: the attempt must name the request's socket, an absent server, a parseable expiry and a safe token."""
+    """An attempt that names another socket, a server present before, an unparseable expiry, an unsafe token or an extra
+    key makes the request invalid_bootstrap_request.
+    """
     assert world.attempt is not None
     assert world.run(attempt={**world.attempt.to_json(), **change}) == failed("invalid_bootstrap_request")
 
 
 def test_a_bootstrap_request_missing_any_key_is_malformed(world: World) -> None:
-    """TO-66: every one of the nine keys is required."""
+    """A bootstrap request missing any one of its nine keys answers invalid_bootstrap_request, and the complete one
+    round-trips.
+    """
     for key in list(world.request()):
         value = world.request()
         del value[key]
@@ -375,7 +316,9 @@ def test_a_bootstrap_request_missing_any_key_is_malformed(world: World) -> None:
 
 
 def test_the_attempt_file_is_the_seed_record_followed_by_one_newline(world: World) -> None:
-    """TO-42 / §1: attempt-<token>.json holds the persisted keys in the seed's order, compact, with mode 0600."""
+    """attempt-<token>.json is one compact JSON line with the persisted keys in the seed's order, mode 0600, and is
+    never overwritten.
+    """
     assert world.attempt is not None
     data = world.attempt_file.read_bytes()
     record = json.loads(data)
@@ -417,34 +360,7 @@ RECEIPT = (
     ],
 )
 def test_only_the_exact_bootstrap_success_receipt_is_accepted(stdout: str, accepted: bool) -> None:
-    """TO-152: exactly one 7-key success line with a `$N` id, a positive pid and non-empty strings."""
+    """Only one line holding exactly the seven success keys, with a `$N` session id, a positive pid and non-empty
+    strings, is a bootstrap success receipt.
+    """
     assert is_exact_scoped_bootstrap_success_receipt(stdout) is accepted
-
-
-def test_a_bootstrap_spawns_a_real_tmux_session_with_only_its_self_cgroup_faked(
-    tmp_path: Path, tmux_binary: str
-) -> None:
-    """§17: in-process bootstrap with a real tmux spawn and real probe (cgroups injected) answers a true receipt."""
-    directory = Path(tempfile.mkdtemp(prefix="tmo-"))
-    control = [tmux_binary, "-S", str(directory / "sock")]
-    try:
-        argv = [*control, "new-session", "-d", "-s", "owned", "-P", "-F", "#{session_id}", "sleep", "600"]
-        world = World(tmp_path, argv, now=current_ms()).setup()
-        probe = TmuxProbe(control, platform="linux", read_cgroup=lambda _entry: "0::/")
-        deps = BootstrapDependencies(
-            read_self_cgroup=lambda: f"0::/{world.scope}",
-            spawn=lambda spawn_argv: run_argv(spawn_argv),
-            probe_server=probe.probe_server,
-        )
-        result = bootstrap_owner_isolation(world.request(), deps)
-        shown = subprocess.run([*control, "display-message", "-p", "#{pid}"], capture_output=True, text=True)
-        pid = int(shown.stdout)
-        assert (result.ok, result.native_session_id, result.server_pid, result.session_name) == (
-            True,
-            "$0",
-            pid,
-            "owned",
-        )
-    finally:
-        subprocess.run([*control, "kill-server"], capture_output=True, check=False)
-        shutil.rmtree(directory, ignore_errors=True)

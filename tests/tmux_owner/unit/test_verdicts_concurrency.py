@@ -1,4 +1,4 @@
-"""Exactly-once verdicts under concurrency: threads, OS processes, crashes and conflicts (contract §8)."""
+"""Exactly one verdict per owner generation under concurrency: threads, OS processes, crashes and conflicts."""
 
 from __future__ import annotations
 
@@ -12,31 +12,29 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tmux_support import GENERATION, PROJECT, SESSION, intent_args, root_of
+from tmux_support import observe_request_json as request_json
 
 from tmux_owner import _verdicts
-from tmux_owner._common import TmuxOwnerError
+from tmux_owner._errors import TmuxOwnerError
 from tmux_owner._generations import replace_owner_generation
 from tmux_owner._intents import create_owner_intent
 from tmux_owner._verdict_records import OwnerVerdict
 from tmux_owner._verdicts import observe_owner_terminal
 
-SESSION = "session"
-GENERATION = "generation"
-PROJECT = Path(__file__).resolve().parents[2]
-
 # Each worker process announces it is ready, waits for the start file, then runs its
 # observers on threads at once and prints one JSON outcome per observer.
 WORKER = r"""
 import json, os, sys, threading, time
-from tmux_owner._common import TmuxOwnerError
+from tmux_owner._errors import TmuxOwnerError
 from tmux_owner._verdicts import observe_owner_terminal
 
 start_file, requests = sys.argv[1], json.loads(sys.argv[2])
 outcomes = [None] * len(requests)
 
 def observe(index):
-    # verdict_lock_contended is the seed's transient refusal after its 250 ms lock wait;
-    # callers retry it. Any other error is an outcome the test rejects.
+    # verdict_lock_contended is a transient refusal after the 250 ms lock wait, which
+    # callers retry; any other error is an outcome the test rejects.
     for _attempt in range(200):
         try:
             outcomes[index] = {"verdict": observe_owner_terminal(requests[index]).to_json()}
@@ -70,28 +68,6 @@ _verdicts.observe_owner_terminal(json.loads(sys.argv[1]))
 """
 
 
-def request_json(state_dir: Path, **overrides: Any) -> dict[str, Any]:
-    value: dict[str, Any] = {
-        "schema_version": 1,
-        "op": "observe_terminal",
-        "session_id": SESSION,
-        "owner_generation": GENERATION,
-        "state_dir": str(state_dir),
-        "socket_key": "socket",
-        "observer": "sidecar",
-        "observed_at": "2026-01-01T00:00:01.000Z",
-        "signal": "SIGTERM",
-        "exit_code": None,
-        "exit_kind": "exit",
-        "reason": "owner_exit",
-    }
-    return value | overrides
-
-
-def root_of(state_dir: Path) -> Path:
-    return state_dir / SESSION / "owner-lifecycle"
-
-
 def varied_request(state_dir: Path, index: int) -> dict[str, Any]:
     """Observers disagree on everything but the owner; every second one presents the dispatch id."""
     overrides: dict[str, Any] = {
@@ -110,18 +86,10 @@ def worker_env() -> dict[str, str]:
 
 
 @pytest.fixture
-def state_dir(tmp_path: Path) -> Path:
-    replace_owner_generation(tmp_path, SESSION, GENERATION)
-    create_owner_intent(
-        tmp_path,
-        generation=GENERATION,
-        session_id=SESSION,
-        server_key="socket",
-        dispatch_id="dispatch",
-        created_at="2026-01-01T00:00:00.000Z",
-        expires_at="2026-01-01T00:01:00.000Z",
-    )
-    return tmp_path
+def state_dir(state_dir: Path) -> Path:
+    """The shared state directory plus a pending intent of the usual dispatch (for the expected shutdowns)."""
+    create_owner_intent(state_dir, **intent_args())
+    return state_dir
 
 
 def assert_exactly_one_verdict(state_dir: Path, verdicts: list[dict[str, Any]]) -> None:
@@ -135,7 +103,7 @@ def assert_exactly_one_verdict(state_dir: Path, verdicts: list[dict[str, Any]]) 
 
 
 def test_eight_threads_observing_one_end_all_receive_the_one_verdict(state_dir: Path) -> None:
-    """TO-105/TO-106: eight concurrent in-process observers produce one verdict file and all return it."""
+    """Eight concurrent in-process observers of one end produce one verdict file and all return it."""
     count = 8
     barrier = threading.Barrier(count)
     outcomes: list[Any] = [None] * count
@@ -159,10 +127,8 @@ def test_eight_threads_observing_one_end_all_receive_the_one_verdict(state_dir: 
 
 
 def test_eight_processes_with_threads_observing_one_end_all_receive_the_one_verdict(state_dir: Path) -> None:
-    """Eight OS processes (two threads each) plus threads here race on one end: one verdict, returned to all.
-
-    An observer refused with the transient ``verdict_lock_contended`` (the seed's 250 ms lock
-    wait, easily exceeded on a loaded two-core machine) retries, as a caller does.
+    """Eight OS processes of two threads and four threads here, retrying the transient lock refusal as callers do, all
+    receive the one verdict.
     """
     start_file = state_dir / "start"
     workers: list[subprocess.Popen[str]] = []
@@ -187,7 +153,7 @@ def test_eight_processes_with_threads_observing_one_end_all_receive_the_one_verd
 
         def observe(index: int) -> None:
             release.wait()
-            for _attempt in range(200):  # retry only the seed's transient lock refusal, as callers do
+            for _attempt in range(200):  # the 250 ms lock wait is easily exceeded on a loaded machine
                 try:
                     local[index] = observe_owner_terminal(varied_request(state_dir, 100 + index)).to_json()
                     return
@@ -224,11 +190,11 @@ def test_eight_processes_with_threads_observing_one_end_all_receive_the_one_verd
 def test_concurrent_callers_with_the_same_key_share_one_observation(
     state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """TO-105: a second in-process caller for the same verdict file and socket waits for the first call's result."""
+    """A second in-process caller for the same verdict file and socket shares the first call's observation."""
     second_waiting = threading.Event()
     calls: list[str] = []
 
-    class SignallingFuture(Future):  # type: ignore[type-arg]
+    class SignallingFuture(Future):  # type: ignore[type-arg]  # stands in for any Future[OwnerVerdict]
         def result(self, timeout: float | None = None) -> Any:
             second_waiting.set()
             return super().result(timeout)
@@ -261,7 +227,9 @@ def test_concurrent_callers_with_the_same_key_share_one_observation(
 
 
 def test_current_and_foreign_generation_observations_are_not_coalesced(state_dir: Path) -> None:
-    """TO-107: a foreign observation in flight with a current one fails alone with generation_mismatch."""
+    """A foreign-generation observation in flight beside a current one is not coalesced with it and fails alone with
+    generation_mismatch.
+    """
     barrier = threading.Barrier(2)
     outcomes: dict[str, Any] = {}
 
@@ -282,7 +250,9 @@ def test_current_and_foreign_generation_observations_are_not_coalesced(state_dir
 
 
 def test_observations_from_two_socket_authorities_elect_one_and_refuse_the_other(tmp_path: Path) -> None:
-    """TO-108: socket-a and socket-b are not coalesced; one wins, the other gets immutable_record_conflict."""
+    """Concurrent observations through two socket authorities elect one verdict, and the other gets
+    immutable_record_conflict.
+    """
     replace_owner_generation(tmp_path, SESSION, GENERATION)
     barrier = threading.Barrier(2)
     outcomes: dict[str, Any] = {}
@@ -307,7 +277,9 @@ def test_observations_from_two_socket_authorities_elect_one_and_refuse_the_other
 
 
 def test_a_conflicting_pre_existing_verdict_is_refused(tmp_path: Path) -> None:
-    """TO-108/TO-110: a valid verdict for another socket authority is never replaced nor returned."""
+    """A valid verdict for another socket authority is never replaced nor returned, and observing it again gives it
+    back.
+    """
     replace_owner_generation(tmp_path, SESSION, GENERATION)
     original = observe_owner_terminal(request_json(tmp_path, socket_key="socket-a"))
     file = root_of(tmp_path) / "verdict-generation.json"
@@ -319,7 +291,9 @@ def test_a_conflicting_pre_existing_verdict_is_refused(tmp_path: Path) -> None:
 
 
 def test_an_observer_killed_after_its_journal_is_recovered_by_the_next_observer(state_dir: Path) -> None:
-    """TO-116: an observer killed after journaling frees the lock; the next observer publishes its observation."""
+    """An observer killed after journaling leaves the lock free, and the next observer publishes the journaled
+    observation.
+    """
     crashed = request_json(
         state_dir, observer="raw_monitor", observed_at="2026-01-01T00:00:05.000Z", operator_dispatch_id="dispatch"
     )

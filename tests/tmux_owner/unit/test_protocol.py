@@ -1,4 +1,4 @@
-"""The JSON-line protocol: request parsing, dispatch and response serialisation (contract §11, TO-145..151)."""
+"""The one-line JSON protocol in process: request parsing, dispatch and response serialisation."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from tmux_owner._bootstrap import BootstrapRequest
-from tmux_owner._common import dumps
 from tmux_owner._generations import PublishGenerationRequest
+from tmux_owner._jscompat import dumps
 from tmux_owner._plan_records import PlanFailure, PlanRequest
 from tmux_owner._protocol import handle_request, parse_request, read_one_line, run_protocol, serialize_response
 from tmux_owner._verdict_records import ObserveTerminalRequest
@@ -80,7 +80,7 @@ OBSERVE = {
     ],
 )
 def test_each_request_shape_dispatches_to_its_record_and_round_trips(value: dict[str, Any], kind: type) -> None:
-    """TO-148: the four shapes parse to their records, which serialise back to the same bytes."""
+    """Each of the four request shapes parses to its record, which serialises back to the same bytes."""
     request = parse_request(dumps(value))
     assert isinstance(request, kind)
     assert dumps(request.to_json()) == dumps(value)
@@ -88,13 +88,13 @@ def test_each_request_shape_dispatches_to_its_record_and_round_trips(value: dict
 
 @pytest.mark.parametrize("value", [PLAN, BOOTSTRAP, PUBLISH, OBSERVE])
 def test_any_extra_key_is_refused(value: dict[str, Any]) -> None:
-    """TO-147: a valid request plus one extra key parses to None."""
+    """A valid request plus one extra key parses to None."""
     assert parse_request(dumps({**value, "extra": 1})) is None
 
 
 @pytest.mark.parametrize("value", [PLAN, BOOTSTRAP, PUBLISH, OBSERVE])
 def test_any_missing_key_is_refused(value: dict[str, Any]) -> None:
-    """TO-147/148: removing any one required key parses to None."""
+    """A request missing any one of its keys parses to None."""
     for key in value:
         assert parse_request(dumps({k: v for k, v in value.items() if k != key})) is None
 
@@ -104,12 +104,12 @@ def test_any_missing_key_is_refused(value: dict[str, Any]) -> None:
     ["not-json", "[]", "1", "null", '"plan"', dumps({**PLAN, "op": "unknown"}), dumps({"op": "plan"}), "NaN"],
 )
 def test_invalid_json_non_objects_and_unknown_shapes_parse_to_none(line: str) -> None:
-    """TO-147/148: invalid JSON, a non-object, or an unknown shape is None."""
+    """Invalid JSON, a non-object or an unknown request shape parses to None."""
     assert parse_request(line) is None
 
 
 def test_an_empty_string_after_the_first_argv_element_is_allowed() -> None:
-    """TO-147/TO-44: `tmux_argv: ["tmux", ""]` is a parseable plan request."""
+    """An empty string after the first argv element (`["tmux", ""]`) still makes a parseable plan request."""
     request = parse_request(dumps({**PLAN, "tmux_argv": ["tmux", ""]}))
     assert isinstance(request, PlanRequest)
 
@@ -124,21 +124,23 @@ def padded_plan(total_bytes: int) -> str:
 
 
 def test_a_request_of_exactly_16_kib_is_accepted_and_one_byte_more_is_not() -> None:
-    """TO-145: 16384 UTF-8 bytes parse; 16385 bytes (counted in bytes, not characters) do not."""
+    """A request line of 16384 UTF-8 bytes parses and one of 16385 bytes (bytes, not characters) does not."""
     assert isinstance(parse_request(padded_plan(16_384)), PlanRequest)
     assert parse_request(padded_plan(16_385)) is None
     assert parse_request("x" * 16_385) is None
 
 
 def test_a_newline_anywhere_is_refused_but_other_json_whitespace_is_allowed() -> None:
-    """TO-146: `\\n` inside the line makes it None; `\\r`, tabs and spaces between tokens are fine."""
+    """A `\\n` anywhere makes the line None, while `\\r`, tabs and spaces between tokens are accepted."""
     assert parse_request(dumps(PLAN) + "\nextra") is None
     assert parse_request(dumps(PLAN).replace(",", ",\n", 1)) is None
     assert isinstance(parse_request(dumps(PLAN).replace(",", ",\r\t ", 1)), PlanRequest)
 
 
 def test_a_response_is_compact_json_under_16_kib_or_the_fixed_too_large_failure() -> None:
-    """TO-151: a response of 16384 bytes or more is replaced by scope_unavailable/response_too_large."""
+    """A response is compact JSON on one line, and one of 16384 bytes or more is replaced by the response_too_large
+    failure.
+    """
     small = PlanFailure("scope_unavailable", "x")
     assert serialize_response(small) == '{"schema_version":1,"ok":false,"code":"scope_unavailable","diagnostic":"x"}'
     overhead = len(dumps({"v": ""}))
@@ -165,12 +167,16 @@ def test_a_response_is_compact_json_under_16_kib_or_the_fixed_too_large_failure(
     ],
 )
 def test_stdin_holds_one_bounded_line_and_nothing_after_it(data: bytes, line: str | None) -> None:
-    """§15: more than 16384 bytes before the newline, or any byte after it, is refused; bad UTF-8 is replaced."""
+    """Stdin holds at most 16384 bytes before an optional final newline and nothing after it, and invalid UTF-8 is
+    replaced.
+    """
     assert read_one_line(data) == line
 
 
 def test_publication_and_observation_failures_have_the_seed_cli_answers(tmp_path: Path) -> None:
-    """§15/TO-91: a replayed publication and a foreign observation get the seed CLI's fixed failures."""
+    """A replayed publication and an observation of a foreign generation answer the fixed generation_publication_failed
+    and terminal_observation_failed.
+    """
     publish = PublishGenerationRequest.from_json({**PUBLISH, "state_dir": str(tmp_path)})
     assert handle_request(publish).to_json()["code"] == "generation_published"
     assert handle_request(publish)["diagnostic"] == "generation_publication_failed"
@@ -179,7 +185,9 @@ def test_publication_and_observation_failures_have_the_seed_cli_answers(tmp_path
 
 
 def test_a_bootstrap_that_raises_still_answers_one_failure_line(tmp_path: Path) -> None:
-    """TO-80 (beyond the seed's CLI): a corrupt generation.json during bootstrap answers bootstrap_execution_failed."""
+    """Beyond the seed, a bootstrap that raises on a corrupt generation.json still answers one
+    bootstrap_execution_failed line with status 1.
+    """
     root = tmp_path / "session" / "owner-lifecycle"
     root.mkdir(parents=True)
     (root / "generation.json").write_text("{")

@@ -1,4 +1,4 @@
-"""The plan truth table, request validators and plan execution with injected dependencies (contract §3-§4)."""
+"""Planning and executing an owner launch with injected probes: request validation, the truth table, execution."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from typing import Any
 
 import attrs
 import pytest
+from tmux_support import plan_request_json
 
 from tmux_owner._cgroup import CgroupInfo
-from tmux_owner._common import dumps, safe_diagnostic
 from tmux_owner._execute import ExecutionDependencies, ExecutionFailure, ExecutionSuccess, SpawnResult, execute_plan
 from tmux_owner._generations import OwnerGenerationBaseline, replace_owner_generation
+from tmux_owner._jscompat import dumps, safe_diagnostic
 from tmux_owner._plan import plan_owner_isolation
 from tmux_owner._plan_records import (
     AttemptCapability,
@@ -21,10 +22,8 @@ from tmux_owner._plan_records import (
     PlanFailure,
     PlanRequest,
     PlanSuccess,
-    TmuxServerProof,
-    is_safe_server_proof,
-    same_server_identity,
 )
+from tmux_owner._server_proof import TmuxServerProof, is_safe_server_proof, same_server_identity
 
 ARGV = ["tmux", "new-session", "-d", "-s", "owned-session", "a b"]
 SAFE_CGROUP = CgroupInfo("safe", scope="/")
@@ -59,25 +58,12 @@ class FakeProbe:
 
 
 def plan_json(root: Path, /, **overrides: Any) -> dict[str, Any]:
-    """A valid plan request as parsed JSON."""
-    value: dict[str, Any] = {
-        "schema_version": 1,
-        "op": "plan",
-        "platform": "linux",
-        "session_id": "session",
-        "owner_generation": "generation",
-        "cwd": "/",
-        "state_dir": str(root),
-        "socket_key": "socket",
-        "tmux_argv": ARGV,
-        "baseline": {"state": "absent"},
-    }
-    value.update(overrides)
-    return value
+    """A valid plan request for ``ARGV`` as parsed JSON."""
+    return plan_request_json(root, ARGV, **overrides)
 
 
 def failure(code: str, diagnostic: str) -> PlanFailure:
-    return PlanFailure(code, diagnostic)  # type: ignore[arg-type]
+    return PlanFailure(code, diagnostic)  # type: ignore[arg-type]  # the tests spell codes as plain str
 
 
 # --- request validators -------------------------------------------------------------------
@@ -104,7 +90,7 @@ MISTYPED: list[tuple[str, Any]] = [
     ("baseline", {"state": "absent", "extra": 1}),
     ("baseline", {"state": "current"}),
     ("baseline", None),
-    # beyond the seed: ids that become path components
+    # beyond the seed: ids become path components, so unsafe ones are refused
     ("session_id", ".."),
     ("session_id", "a/b"),
     ("owner_generation", "."),
@@ -114,7 +100,7 @@ MISTYPED: list[tuple[str, Any]] = [
 
 @pytest.mark.parametrize("key", PLAN_KEYS)
 def test_a_plan_request_missing_any_key_is_invalid(tmp_path: Path, key: str) -> None:
-    """TO-26: removing any one key makes the plan request invalid."""
+    """A plan request missing any one key is invalid_plan_request."""
     value = plan_json(tmp_path)
     del value[key]
     assert plan_owner_isolation(value, FakeProbe()) == failure("scope_unavailable", "invalid_plan_request")
@@ -122,7 +108,9 @@ def test_a_plan_request_missing_any_key_is_invalid(tmp_path: Path, key: str) -> 
 
 @pytest.mark.parametrize(("key", "bad"), MISTYPED)
 def test_a_plan_request_with_a_mistyped_key_is_invalid(tmp_path: Path, key: str, bad: Any) -> None:
-    """TO-26: a wrong schema, op, platform, empty or unsafe id, bad argv or bad baseline is invalid before any probe."""
+    """A wrong schema, op or platform, an empty or unsafe id, a bad argv or a bad baseline is invalid_plan_request
+    before any probe.
+    """
     probe = FakeProbe()
     assert plan_owner_isolation(plan_json(tmp_path, **{key: bad}), probe) == failure(
         "scope_unavailable", "invalid_plan_request"
@@ -131,7 +119,7 @@ def test_a_plan_request_with_a_mistyped_key_is_invalid(tmp_path: Path, key: str,
 
 
 def test_a_plan_request_with_an_extra_key_is_invalid(tmp_path: Path) -> None:
-    """TO-26: one extra key makes the plan request invalid."""
+    """A plan request with one extra key is invalid_plan_request."""
     assert plan_owner_isolation(plan_json(tmp_path, extra=1), FakeProbe()) == failure(
         "scope_unavailable", "invalid_plan_request"
     )
@@ -158,7 +146,9 @@ def test_a_plan_request_round_trips_to_the_seed_bytes(tmp_path: Path) -> None:
 def test_an_argv_without_exactly_one_canonical_new_session_has_no_attempt_session(
     tmp_path: Path, argv: list[str]
 ) -> None:
-    """TO-27: argv must hold one new-session (not first) with exactly one non-empty -s/--session-name."""
+    """An argv without exactly one new-session (not first) carrying exactly one non-empty -s/--session-name is
+    attempt_session_missing before any probe.
+    """
     probe = FakeProbe()
     assert plan_owner_isolation(plan_json(tmp_path, tmux_argv=argv), probe) == failure(
         "scope_unavailable", "attempt_session_missing"
@@ -167,7 +157,9 @@ def test_an_argv_without_exactly_one_canonical_new_session_has_no_attempt_sessio
 
 
 def test_a_stale_baseline_is_refused_before_any_probe_or_attempt(tmp_path: Path) -> None:
-    """TO-28: a generation published after the caller captured its baseline makes the plan stale."""
+    """A generation published after the caller captured its baseline makes the plan owner_generation_stale before any
+    probe or attempt.
+    """
     replace_owner_generation(tmp_path, "session", "competing")
     probe = FakeProbe(caller_cgroup="0::/caller.service", server=TmuxServerProof("absent"))
     assert plan_owner_isolation(plan_json(tmp_path), probe) == failure("scope_unavailable", "owner_generation_stale")
@@ -175,7 +167,7 @@ def test_a_stale_baseline_is_refused_before_any_probe_or_attempt(tmp_path: Path)
 
 
 def test_a_corrupt_generation_file_reads_as_a_stale_baseline(tmp_path: Path) -> None:
-    """TO-29 (deviation recorded): our one synchronous plan follows the sync seed and answers owner_generation_stale."""
+    """A corrupt generation.json reads as a stale baseline (owner_generation_stale), as in the seed's sync plan."""
     root = tmp_path / "session" / "owner-lifecycle"
     root.mkdir(parents=True)
     (root / "generation.json").write_text('{"schema_version":1,"generation":"newer"}\n')
@@ -191,41 +183,83 @@ VTE = (
     "vte-spawn-4006c3d1-0f5c-4ddb-b522-7b73d1f1fb59.scope"
 )
 TABLE: list[tuple[str, TmuxServerProof, str, str | None, tuple[str, str]]] = [
-    # (id, server, platform, caller cgroup, (code, diagnostic-or-mode))
-    ("TO-31", TmuxServerProof("unsafe"), "linux", "0::/x.service", ("server_unsafe", "target_server_unsafe")),
-    ("TO-32", TmuxServerProof("unverifiable"), "linux", "0::/", ("server_unverifiable", "target_server_unverifiable")),
-    ("TO-33", SAFE_SERVER, "linux", "0::/unit.service", ("not_required", "direct")),
-    ("TO-34", TmuxServerProof("safe"), "linux", "0::/", ("server_unverifiable", "target_server_unverifiable")),
-    ("TO-34b", TmuxServerProof("safe", True, "1", SAFE_CGROUP), "linux", "0::/", ("server_unverifiable", "x")),
-    ("TO-34c", TmuxServerProof("safe", 0, "1", SAFE_CGROUP), "linux", "0::/", ("server_unverifiable", "x")),
-    ("TO-34d", TmuxServerProof("safe", 1, "", SAFE_CGROUP), "linux", "0::/", ("server_unverifiable", "x")),
+    # (case, server, platform, caller cgroup, (code, diagnostic-or-mode)); "x" is target_server_unverifiable
+    ("unsafe-server", TmuxServerProof("unsafe"), "linux", "0::/x.service", ("server_unsafe", "target_server_unsafe")),
     (
-        "TO-35",
+        "unverifiable-server",
+        TmuxServerProof("unverifiable"),
+        "linux",
+        "0::/",
+        ("server_unverifiable", "target_server_unverifiable"),
+    ),
+    ("safe-server", SAFE_SERVER, "linux", "0::/unit.service", ("not_required", "direct")),
+    (
+        "safe-without-identity",
+        TmuxServerProof("safe"),
+        "linux",
+        "0::/",
+        ("server_unverifiable", "target_server_unverifiable"),
+    ),
+    (
+        "safe-with-boolean-pid",
+        TmuxServerProof("safe", True, "1", SAFE_CGROUP),
+        "linux",
+        "0::/",
+        ("server_unverifiable", "x"),
+    ),
+    ("safe-with-pid-zero", TmuxServerProof("safe", 0, "1", SAFE_CGROUP), "linux", "0::/", ("server_unverifiable", "x")),
+    (
+        "safe-with-empty-start-time",
+        TmuxServerProof("safe", 1, "", SAFE_CGROUP),
+        "linux",
+        "0::/",
+        ("server_unverifiable", "x"),
+    ),
+    (
+        "not-applicable-server-off-linux",
         TmuxServerProof("safe", 1, "not_applicable", CgroupInfo("not_applicable")),
         "darwin",
         None,
         ("not_required", "direct"),
     ),
     (
-        "TO-36",
+        "not-applicable-server-on-linux",
         TmuxServerProof("safe", 1, "not_applicable", CgroupInfo("not_applicable")),
         "linux",
         "0::/",
         ("server_unverifiable", "target_server_unverifiable"),
     ),
-    ("TO-37", TmuxServerProof("absent"), "darwin", None, ("not_required", "direct")),
-    ("TO-38", TmuxServerProof("absent"), "linux", "0::/", ("not_required", "direct")),
-    ("TO-38b", TmuxServerProof("absent"), "linux", VTE, ("not_required", "direct")),
-    ("TO-39", TmuxServerProof("absent"), "linux", "broken", ("server_unverifiable", "cgroup_metadata_malformed")),
-    ("TO-39b", TmuxServerProof("absent"), "linux", "", ("server_unverifiable", "cgroup_metadata_missing")),
+    ("absent-server-off-linux", TmuxServerProof("absent"), "darwin", None, ("not_required", "direct")),
+    ("absent-server-root-caller", TmuxServerProof("absent"), "linux", "0::/", ("not_required", "direct")),
+    ("absent-server-terminal-caller", TmuxServerProof("absent"), "linux", VTE, ("not_required", "direct")),
     (
-        "TO-39c",
+        "absent-server-malformed-caller",
+        TmuxServerProof("absent"),
+        "linux",
+        "broken",
+        ("server_unverifiable", "cgroup_metadata_malformed"),
+    ),
+    (
+        "absent-server-missing-caller",
+        TmuxServerProof("absent"),
+        "linux",
+        "",
+        ("server_unverifiable", "cgroup_metadata_missing"),
+    ),
+    (
+        "absent-server-unowned-caller",
         TmuxServerProof("absent"),
         "linux",
         "4:memory:/process_api/abc\n0::/",
         ("server_unverifiable", "cgroup_ownership_unproven"),
     ),
-    ("TO-40", TmuxServerProof("absent"), "linux", "0::/caller.service", ("unsafe_scope_required", "scoped")),
+    (
+        "absent-server-service-caller",
+        TmuxServerProof("absent"),
+        "linux",
+        "0::/caller.service",
+        ("unsafe_scope_required", "scoped"),
+    ),
 ]
 
 
@@ -233,7 +267,9 @@ TABLE: list[tuple[str, TmuxServerProof, str, str | None, tuple[str, str]]] = [
 def test_the_plan_truth_table_over_server_proof_and_caller_cgroup(
     tmp_path: Path, case: str, server: TmuxServerProof, platform: str, cgroup: str | None, expected: tuple[str, str]
 ) -> None:
-    """TO-31..40: server safe/unsafe/unverifiable/absent × caller cgroup safe/service/unverifiable/not applicable."""
+    """Each combination of server proof and caller cgroup gives its plan code and mode or diagnostic, reading the
+    caller's cgroup only when the server is absent.
+    """
     probe = FakeProbe(server=server, caller_cgroup=cgroup)
     plan = plan_owner_isolation(plan_json(tmp_path, platform=platform), probe)
     code, detail = expected
@@ -252,7 +288,9 @@ def test_the_plan_truth_table_over_server_proof_and_caller_cgroup(
 
 
 def test_a_direct_plan_against_a_safe_server_copies_its_identity_and_argv_literally(tmp_path: Path) -> None:
-    """TO-33/TO-44: the direct plan keeps argv byte for byte and carries the server's pid, start time and cgroup."""
+    """A direct plan against a safe server keeps the argv byte for byte and carries the server's pid, start time and
+    cgroup.
+    """
     plan = plan_owner_isolation(plan_json(tmp_path), FakeProbe())
     assert plan == PlanSuccess(
         "not_required", DirectExecution(ARGV, "owned-session", "socket", False, 1, "1"), SAFE_CGROUP, "safe"
@@ -266,7 +304,9 @@ def test_a_direct_plan_against_a_safe_server_copies_its_identity_and_argv_litera
 
 
 def test_an_absent_server_on_a_non_linux_platform_plans_direct_without_a_pid(tmp_path: Path) -> None:
-    """TO-37: absent server off Linux → direct, server_absent_before true, classification not_applicable."""
+    """Off Linux, an absent server gives a direct plan with server_absent_before true and a not_applicable
+    classification.
+    """
     plan = plan_owner_isolation(plan_json(tmp_path, platform="darwin"), FakeProbe(server=TmuxServerProof("absent")))
     assert dumps(plan.to_json()) == (
         '{"schema_version":1,"ok":true,"code":"not_required","execution":{"mode":"direct",'
@@ -277,7 +317,9 @@ def test_an_absent_server_on_a_non_linux_platform_plans_direct_without_a_pid(tmp
 
 
 def test_a_scoped_plan_records_one_attempt_and_hands_the_bootstrap_its_stdin_line(tmp_path: Path) -> None:
-    """TO-42: the scoped plan mints a token, records the attempt once, and puts the request on stdin, not argv."""
+    """A scoped plan mints a token, records its attempt once, and hands the bootstrap request on stdin, never in the
+    argv.
+    """
     probe = FakeProbe(server=TmuxServerProof("absent"), caller_cgroup="0::/caller.service")
     plan = plan_owner_isolation(plan_json(tmp_path), probe, now_ms=lambda: 1_767_225_600_000)
     assert isinstance(plan, PlanSuccess)
@@ -309,7 +351,7 @@ def test_a_scoped_plan_records_one_attempt_and_hands_the_bootstrap_its_stdin_lin
 
 @pytest.mark.parametrize("broken", ["server", "caller"])
 def test_a_probe_that_raises_fails_closed(tmp_path: Path, broken: str) -> None:
-    """TO-30/TO-41: an exception from the server probe or the cgroup reader is scope_unavailable."""
+    """An exception from the server probe or the caller's cgroup reader fails closed as synchronous_probe_failed."""
     probe = FakeProbe(server=TmuxServerProof("absent"), caller_cgroup="0::/")
     if broken == "server":
         probe.server = OSError("boom")
@@ -319,26 +361,30 @@ def test_a_probe_that_raises_fails_closed(tmp_path: Path, broken: str) -> None:
 
 
 def test_the_probe_receives_the_control_argv_before_new_session(tmp_path: Path) -> None:
-    """TO-43: `tmux -L explicit new-session …` probes the server with `["tmux","-L","explicit"]`."""
+    """For the argv `tmux -L explicit new-session …` the server is probed through `["tmux", "-L", "explicit"]`."""
     probe = FakeProbe()
     plan_owner_isolation(plan_json(tmp_path, tmux_argv=["tmux", "-L", "explicit", "new-session", "-s", "x"]), probe)
     assert probe.named("probe_server") == [("socket", ["tmux", "-L", "explicit"])]
 
 
 def test_plan_failure_diagnostics_are_sanitised_to_printable_ascii_and_512_characters() -> None:
-    """TO-45: non-printable-ASCII becomes `?` (two for a non-BMP character) and the text is cut to 512."""
+    """A plan failure's diagnostic turns non-printable ASCII into `?` (two for a non-BMP character) and is cut to 512
+    characters.
+    """
     assert PlanFailure("scope_unavailable", "a\nb\u00e9\U0001f600").diagnostic == "a?b???"
     assert len(PlanFailure("scope_unavailable", "x" * 600).diagnostic) == 512
 
 
 def test_safe_diagnostic_cuts_after_replacing_like_the_seed() -> None:
-    """TO-45: a lone surrogate is one `?`, and the 512-character cut counts the replaced UTF-16 units."""
+    """A lone surrogate becomes one `?`, and the 512-character cut counts the replaced UTF-16 units."""
     assert safe_diagnostic("\ud800~\x7f ") == "?~? "
     assert safe_diagnostic("\U0001f600" * 300) == "?" * 512
 
 
 def test_server_proof_safety_and_identity_compare_structure_and_cgroup() -> None:
-    """TO-154 and §3: a safe proof needs a positive safe pid, a start time and a safe cgroup; identity compares all."""
+    """A safe server proof needs a positive safe-integer pid, a start time and a safe cgroup, and two proofs are the
+    same server only when pid, start time and cgroup all match.
+    """
     assert is_safe_server_proof(SAFE_SERVER)
     assert not is_safe_server_proof(attrs.evolve(SAFE_SERVER, pid=2**53))
     assert not is_safe_server_proof(attrs.evolve(SAFE_SERVER, cgroup=CgroupInfo("not_applicable")))
@@ -411,7 +457,7 @@ RECEIPT = (
 
 
 def test_a_failed_plan_passes_through_without_spawning() -> None:
-    """TO-47: executing a failed plan returns its code and diagnostic and spawns nothing."""
+    """Executing a failed plan returns its code and diagnostic and spawns nothing."""
     world = FakeWorld()
     result = execute_plan(PlanFailure("server_unsafe", "target_server_unsafe"), world.deps())
     assert result == ExecutionFailure("server_unsafe", "target_server_unsafe")
@@ -419,7 +465,9 @@ def test_a_failed_plan_passes_through_without_spawning() -> None:
 
 
 def test_a_direct_plan_for_a_stale_generation_is_refused_before_spawning() -> None:
-    """TO-48: a generation that is no longer current before the spawn refuses with owner_generation_stale."""
+    """A direct plan whose generation is no longer current before the spawn is owner_generation_stale and spawns
+    nothing.
+    """
     world = FakeWorld(current=[False])
     assert execute_plan(direct_plan(), world.deps()) == ExecutionFailure(
         "scope_bootstrap_failed", "owner_generation_stale"
@@ -429,25 +477,27 @@ def test_a_direct_plan_for_a_stale_generation_is_refused_before_spawning() -> No
 
 @pytest.mark.parametrize("exit_code", [1, None])
 def test_a_failed_spawn_is_planned_spawn_failed(exit_code: int | None) -> None:
-    """TO-49: a non-zero or missing exit code is planned_spawn_failed."""
+    """A spawn with a non-zero or missing exit code is planned_spawn_failed."""
     world = FakeWorld(exit_code=exit_code)
-    assert execute_plan(direct_plan(), world.deps()).diagnostic == "planned_spawn_failed"  # type: ignore[union-attr]
+    assert execute_plan(direct_plan(), world.deps()).diagnostic == "planned_spawn_failed"  # type: ignore[union-attr]  # the result is a failure
 
 
 def test_a_scoped_execution_spawns_with_stdin_and_reproves_the_receipts_server(tmp_path: Path) -> None:
-    """TO-51: scoped spawn gets argv and stdin line; the re-proof uses the attempt's socket and matches the receipt."""
+    """A scoped execution spawns the planned argv with its stdin line and re-proves the server named by the receipt
+    through the attempt's socket.
+    """
     plan = scoped_plan(tmp_path)
     world = FakeWorld(stdout=RECEIPT, after=TmuxServerProof("safe", 12, "34", SAFE_CGROUP))
     result = execute_plan(plan, world.deps())
     assert isinstance(result, ExecutionSuccess)
-    assert world.spawns == [(list(plan.execution.argv), plan.execution.stdin_line)]  # type: ignore[union-attr]
+    assert world.spawns == [(list(plan.execution.argv), plan.execution.stdin_line)]  # type: ignore[union-attr]  # the plan is scoped
     assert world.probes == ["socket"]
     assert (result.server_key, result.server_pid, result.server_start_time) == ("socket", 12, "34")
     assert (result.server_session, result.native_session_id) == ("owned-session", "$0")
 
 
 def test_a_scoped_receipt_from_a_replaced_server_is_a_race(tmp_path: Path) -> None:
-    """TO-52: a receipt naming pid 12/34 while the probe sees 13/35 is bootstrap_server_identity_changed."""
+    """A receipt naming another server than the one the re-proof sees is bootstrap_server_identity_changed."""
     world = FakeWorld(stdout=RECEIPT, after=TmuxServerProof("safe", 13, "35", SAFE_CGROUP))
     assert execute_plan(scoped_plan(tmp_path), world.deps()) == ExecutionFailure(
         "server_race", "bootstrap_server_identity_changed"
@@ -456,7 +506,7 @@ def test_a_scoped_receipt_from_a_replaced_server_is_a_race(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("stdout", ["", "not-json", RECEIPT.replace('"ok":true', '"ok":false'), RECEIPT + "x"])
 def test_a_scoped_execution_without_an_exact_receipt_fails(tmp_path: Path, stdout: str) -> None:
-    """TO-50: stdout that is not exactly one success receipt is scoped_bootstrap_receipt_invalid."""
+    """A scoped execution whose stdout is not exactly one success receipt is scoped_bootstrap_receipt_invalid."""
     world = FakeWorld(stdout=stdout)
     result = execute_plan(scoped_plan(tmp_path), world.deps())
     assert result == ExecutionFailure("scope_bootstrap_failed", "scoped_bootstrap_receipt_invalid")
@@ -472,14 +522,16 @@ def test_a_scoped_execution_without_an_exact_receipt_fails(tmp_path: Path, stdou
     ],
 )
 def test_a_direct_reproof_that_does_not_match_fails_closed(after: Any, expected: tuple[str, str]) -> None:
-    """TO-53/54/56: an unverifiable, unsafe or different server after the spawn is refused; a raising probe too."""
+    """An unverifiable, unsafe or different server after a direct spawn, or a raising probe, fails closed with its own
+    code.
+    """
     result = execute_plan(direct_plan(), FakeWorld(after=after).deps())
-    assert result == ExecutionFailure(*expected)  # type: ignore[arg-type]
+    assert result == ExecutionFailure(*expected)  # type: ignore[arg-type]  # codes as plain str
 
 
 def test_a_direct_execution_keeps_only_a_native_session_id_of_the_dollar_form() -> None:
-    """TO-57: stdout `$3` becomes the native id; `%1` is left out of the success."""
-    assert execute_plan(direct_plan(), FakeWorld(stdout="$3\n").deps()).native_session_id == "$3"  # type: ignore[union-attr]
+    """A direct spawn's stdout `$3` becomes the native session id, while `%1` is left out of the success."""
+    assert execute_plan(direct_plan(), FakeWorld(stdout="$3\n").deps()).native_session_id == "$3"  # type: ignore[union-attr]  # the result is a success
     result = execute_plan(direct_plan(), FakeWorld(stdout="%1\n").deps())
     assert isinstance(result, ExecutionSuccess)
     assert result.native_session_id is None
@@ -487,14 +539,14 @@ def test_a_direct_execution_keeps_only_a_native_session_id_of_the_dollar_form() 
 
 
 def test_a_server_created_by_the_spawn_is_accepted_when_structurally_safe() -> None:
-    """TO-57a: with no server before, a safe new server after the spawn is the proved server."""
+    """With no server before the spawn, a structurally safe new server afterwards is accepted as the proved server."""
     result = execute_plan(direct_plan(absent_before=True, pid=None, start=None), FakeWorld(after=SAFE_SERVER).deps())
     assert isinstance(result, ExecutionSuccess)
     assert (result.server_pid, result.server_start_time) == (1, "1")
 
 
 def test_a_non_linux_plan_accepts_a_not_applicable_reproof() -> None:
-    """TO-55: a plan classified not_applicable re-proves with non-Linux rules."""
+    """A plan classified not_applicable re-proves its server with the non-Linux rules."""
     server = TmuxServerProof("safe", 1, "not_applicable", CgroupInfo("not_applicable"))
     plan = PlanSuccess(
         "not_required",
@@ -510,7 +562,9 @@ UNCERTAIN = ExecutionFailure("scope_bootstrap_failed", "owner_generation_stale_c
 
 
 def test_a_generation_gone_stale_during_the_spawn_cleans_the_spawned_session() -> None:
-    """TO-58: stale after the spawn on the same server with `$0` → cleanup once, owner_generation_stale."""
+    """A generation gone stale during the spawn on the same proved server cleans the spawned `$0` once and is
+    owner_generation_stale.
+    """
     world = FakeWorld(current=[True, False])
     assert execute_plan(direct_plan(), world.deps()) == STALE
     assert [(execution.attempt_session, native) for execution, native in world.cleanups] == [("owned-session", "$0")]
@@ -519,27 +573,29 @@ def test_a_generation_gone_stale_during_the_spawn_cleans_the_spawned_session() -
 @pytest.mark.parametrize(
     ("world", "plan", "cleanup_calls"),
     [
-        (FakeWorld(current=[True, False], stdout=""), direct_plan(), 0),  # TO-59
-        (FakeWorld(current=[True, False], cleanup_error=RuntimeError("x")), direct_plan(), 1),  # TO-60
+        (FakeWorld(current=[True, False], stdout=""), direct_plan(), 0),  # no session id
+        (FakeWorld(current=[True, False], cleanup_error=RuntimeError("x")), direct_plan(), 1),  # cleanup fails
         (
             FakeWorld(current=[True, False], after=TmuxServerProof("safe", 99, "replacement", SAFE_CGROUP)),
             direct_plan(),
             0,
-        ),  # TO-61
-        (FakeWorld(current=[True, False], after=OSError("probe")), direct_plan(), 0),  # TO-62
-        (FakeWorld(current=[True, False]), direct_plan(absent_before=True, pid=None, start=None), 0),  # TO-63
-        (FakeWorld(current=[True, False], after=TmuxServerProof("unsafe")), direct_plan(), 0),  # TO-64
+        ),  # another server
+        (FakeWorld(current=[True, False], after=OSError("probe")), direct_plan(), 0),  # the probe raises
+        (FakeWorld(current=[True, False]), direct_plan(absent_before=True, pid=None, start=None), 0),  # new server
+        (FakeWorld(current=[True, False], after=TmuxServerProof("unsafe")), direct_plan(), 0),  # unsafe server
         (FakeWorld(current=[True, False], after=TmuxServerProof("unverifiable")), direct_plan(), 0),
     ],
 )
 def test_an_uncertain_stale_cleanup_is_reported_and_never_guessed(
     world: FakeWorld, plan: PlanSuccess, cleanup_calls: int
 ) -> None:
-    """TO-59..64: no id, a failing cleanup, another server, a raising probe or a new server → cleanup_uncertain."""
+    """A stale spawn with no session id, a failing cleanup, another, new, unsafe or unverifiable server, or a raising
+    probe reports cleanup_uncertain and never guesses.
+    """
     assert execute_plan(plan, world.deps()) == UNCERTAIN
     assert len(world.cleanups) == cleanup_calls
 
 
 def test_a_stale_spawn_without_a_cleanup_dependency_is_uncertain() -> None:
-    """TO-65: stale after the spawn and no cleanupSpawned given → cleanup_uncertain."""
+    """A spawn gone stale without a cleanup dependency reports cleanup_uncertain."""
     assert execute_plan(direct_plan(), FakeWorld(current=[True, False]).deps(with_cleanup=False)) == UNCERTAIN

@@ -1,32 +1,32 @@
-"""Canonical UTC timestamps (contract §12, TO-155..TO-163) and the lenient attempt expiry parser."""
+"""Canonical UTC timestamps of persisted records, and the lenient ECMAScript parser of attempt expiries."""
 
 from __future__ import annotations
 
 import pytest
 
-from tmux_owner._common import is_canonical_utc_timestamp, iso_now, parse_js_date_ms
+from tmux_owner._timestamps import is_canonical_utc_timestamp, iso_now, parse_js_date_ms
 
 VALID = [
-    "2024-02-29T00:00:00Z",  # TO-155
+    "2024-02-29T00:00:00Z",  # a leap day
     "2000-02-29T00:00:00.000Z",
     "0000-02-29T00:00:00Z",
-    "2026-04-30T23:59:59.999Z",  # TO-157
+    "2026-04-30T23:59:59.999Z",  # the last instant of a 30-day month
     "2026-12-31T23:59:59Z",
     "1970-01-01T00:00:00.000Z",
 ]
 INVALID = [
-    "2026-02-29T00:00:00Z",  # TO-156
+    "2026-02-29T00:00:00Z",  # no leap day in a common year, nor in a century not divisible by 400
     "1900-02-29T00:00:00Z",
     "2100-02-29T00:00:00Z",
-    "2026-04-31T00:00:00Z",  # TO-157
+    "2026-04-31T00:00:00Z",  # a day or month out of range
     "2026-00-10T00:00:00Z",
     "2026-13-01T00:00:00Z",
     "2026-01-00T00:00:00Z",
     "2026-01-32T00:00:00Z",
-    "2026-01-01T23:59:60Z",  # TO-158
+    "2026-01-01T23:59:60Z",  # a leap second, hour 24, minute 60
     "2026-01-01T24:00:00Z",
     "2026-01-01T00:60:00Z",
-    "2026-01-01T00:00:00.1Z",  # TO-159
+    "2026-01-01T00:00:00.1Z",  # other spellings
     "2026-01-01T00:00:00.1234Z",
     "2026-01-01T00:00:00z",
     "2026-01-01t00:00:00Z",
@@ -35,33 +35,35 @@ INVALID = [
     "2026-01-01T00:00Z",
     "2026-1-01T00:00:00Z",
     "+02026-01-01T00:00:00Z",
-    "2026-01-01T00:00:00Z\n",  # TO-160
-    "２０２６-01-01T00:00:00Z",  # TO-161
+    "2026-01-01T00:00:00Z\n",  # a trailing newline
+    "２０２６-01-01T00:00:00Z",  # non-ASCII digits
     "",
 ]
 
 
 @pytest.mark.parametrize("value", VALID)
 def test_canonical_timestamps_of_real_instants_are_accepted(value: str) -> None:
-    """TO-155/157: leap days of leap years (year 0 and 2000 included) and last instants of months are valid."""
+    """Leap days of leap years (years 0 and 2000 included) and the last instants of months are canonical timestamps."""
     assert is_canonical_utc_timestamp(value)
 
 
 @pytest.mark.parametrize("value", INVALID)
 def test_non_canonical_or_impossible_timestamps_are_refused(value: str) -> None:
-    """TO-156..161: century non-leap years, out-of-range fields, other forms and a trailing newline are refused."""
+    """Leap days of common years, out-of-range fields, other spellings and a trailing newline are not canonical
+    timestamps.
+    """
     assert not is_canonical_utc_timestamp(value)
 
 
 @pytest.mark.parametrize("value", [None, 0, 1.5, True, ["2026-01-01T00:00:00Z"]])
 def test_non_strings_are_never_timestamps(value: object) -> None:
-    """TO-162: a number, boolean, list or None is not a timestamp."""
+    """A number, boolean, list or None is never a canonical timestamp."""
     assert not is_canonical_utc_timestamp(value)
 
 
 @pytest.mark.parametrize("millis", [0, 1, 999, 1_767_225_599_999, 951_782_400_000])
 def test_timestamps_the_module_writes_are_javascript_iso_strings(millis: int) -> None:
-    """TO-163: iso_now renders `YYYY-MM-DDTHH:MM:SS.mmmZ`, which is canonical and parses back to the same millis."""
+    """iso_now writes `YYYY-MM-DDTHH:MM:SS.mmmZ`, which is canonical and parses back to the same milliseconds."""
     text = iso_now(millis)
     assert is_canonical_utc_timestamp(text)
     assert len(text) == 24
@@ -80,7 +82,9 @@ def test_timestamps_the_module_writes_are_javascript_iso_strings(millis: int) ->
     ],
 )
 def test_attempt_expiry_is_parsed_like_javascript_date_parse_for_iso_strings(value: str, millis: int) -> None:
-    """TO-100/TO-72: expiry parsing accepts the ECMAScript ISO forms, rolls over days, and honours offsets."""
+    """Attempt expiries parse like JavaScript's Date.parse for the ECMAScript ISO forms, rolling over days and honouring
+    offsets.
+    """
     assert parse_js_date_ms(value) == millis
 
 
@@ -95,7 +99,9 @@ def test_attempt_expiry_is_parsed_like_javascript_date_parse_for_iso_strings(val
     ],
 )
 def test_extended_years_parse_to_the_same_instant_as_javascript(value: str, millis: int) -> None:
-    """TO-72: negative extended years count days like V8's Date.parse, up to the edge of the ±8.64e15 ms range."""
+    """Extended years, negative ones included, parse to the same instant as V8's Date.parse, up to the edge of the
+    ±8.64e15 ms range.
+    """
     assert parse_js_date_ms(value) == millis
 
 
@@ -103,5 +109,5 @@ def test_extended_years_parse_to_the_same_instant_as_javascript(value: str, mill
     "value", ["", "soon", "2026-13-01T00:00:00Z", "1970-01-01T24:00:01Z", "-271821-04-19T23:59:59.999Z", 5, None]
 )
 def test_unparseable_expiry_values_are_refused(value: object) -> None:
-    """TO-72: an expiry that JavaScript's Date.parse cannot read (or we deliberately refuse) gives None."""
+    """An expiry that JavaScript's Date.parse cannot read, or that we deliberately refuse, parses to None."""
     assert parse_js_date_ms(value) is None

@@ -1,7 +1,7 @@
-"""Plans executed against REAL tmux servers on private sockets (contract §4, §16, §17).
+"""Plans executed against real tmux servers on private sockets.
 
-Only the cgroup reader is injected (this machine's real cgroup is unverifiable), except in
-the fail-closed tests, which use the real reader. Every test kills its server.
+Only the cgroup reader is injected (a test machine's real cgroup is usually unverifiable),
+except in the fail-closed tests, which use the real reader. Every test kills its server.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import attrs
 import pytest
+from tmux_support import plan_request_json
 
 from tmux_owner._cgroup import classify_cgroup
 from tmux_owner._execute import ExecutionDependencies, ExecutionFailure, ExecutionSuccess, SpawnResult, execute_plan
@@ -75,18 +76,14 @@ def injected_probe(socket: TmuxSocket, cgroup: str = SAFE_ROOT_CGROUP) -> TmuxPr
 
 
 def plan_request(state_dir: Path, socket: TmuxSocket, name: str, baseline: OwnerGenerationBaseline) -> dict:
-    return {
-        "schema_version": 1,
-        "op": "plan",
-        "platform": "linux",
-        "session_id": "session",
-        "owner_generation": "generation",
-        "cwd": str(state_dir),
-        "state_dir": str(state_dir),
-        "socket_key": "private-socket",
-        "tmux_argv": socket.new_session_argv(name),
-        "baseline": baseline.to_json(),
-    }
+    """A Linux plan request for session ``name`` on the private socket, against ``baseline``."""
+    return plan_request_json(
+        state_dir,
+        socket.new_session_argv(name),
+        cwd=str(state_dir),
+        socket_key="private-socket",
+        baseline=baseline.to_json(),
+    )
 
 
 def deps_for(
@@ -105,7 +102,7 @@ def deps_for(
 
 
 def is_dead(pid: int) -> bool:
-    """Gone, or a zombie/dead entry: a killed server lingers as state Z until it is reaped (§16)."""
+    """Gone, or a zombie/dead entry: a killed server lingers as state Z until it is reaped."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except FileNotFoundError:
@@ -133,7 +130,9 @@ def proc_start_time(pid: int) -> str | None:
 
 
 def test_a_direct_plan_starts_a_real_session_and_proves_its_server(tmp_path: Path, tmux_socket: TmuxSocket) -> None:
-    """TO-38/TO-57a/§17: with no server, plan → execute starts the session, reads `$0` and proves pid and start time."""
+    """With no server, planning then executing starts the session, reads its `$0` id and proves the new server's pid and
+    start time.
+    """
     baseline = capture_owner_generation_baseline(tmp_path, "session")
     probe = injected_probe(tmux_socket)
     plan = plan_owner_isolation(plan_request(tmp_path, tmux_socket, "owned-a", baseline), probe)
@@ -150,7 +149,7 @@ def test_a_direct_plan_starts_a_real_session_and_proves_its_server(tmp_path: Pat
 
 
 def test_a_second_direct_plan_reuses_the_proved_server_identity(tmp_path: Path, tmux_socket: TmuxSocket) -> None:
-    """TO-33/§16: against a running safe server the plan carries its identity and the new session is `$1` on it."""
+    """Against a running safe server the plan carries its identity, and the executed session is `$1` on that server."""
     assert tmux_socket.run(*tmux_socket.new_session_argv("first")[3:]).returncode == 0
     baseline = capture_owner_generation_baseline(tmp_path, "session")
     probe = injected_probe(tmux_socket, "0::/user.slice/user-1000.slice/session-1.scope\n")
@@ -166,7 +165,7 @@ def test_a_second_direct_plan_reuses_the_proved_server_identity(tmp_path: Path, 
 
 
 def test_a_server_restarted_between_plan_and_execute_is_a_race(tmp_path: Path, tmux_socket: TmuxSocket) -> None:
-    """TO-56/§17: a planned server killed and replaced on the same socket is target_server_identity_changed."""
+    """A planned server killed and replaced on the same socket before execution is target_server_identity_changed."""
     assert tmux_socket.run(*tmux_socket.new_session_argv("first")[3:]).returncode == 0
     baseline = capture_owner_generation_baseline(tmp_path, "session")
     probe = injected_probe(tmux_socket)
@@ -182,7 +181,9 @@ def test_a_server_restarted_between_plan_and_execute_is_a_race(tmp_path: Path, t
 def test_a_generation_published_during_the_spawn_cleans_up_the_spawned_session(
     tmp_path: Path, tmux_socket: TmuxSocket
 ) -> None:
-    """TO-58/§17: a stale generation after a real spawn kills exactly the spawned `$N` on the same server."""
+    """A generation published during a real spawn gets exactly the spawned session killed, leaving the others on the
+    server.
+    """
     assert tmux_socket.run(*tmux_socket.new_session_argv("keeper")[3:]).returncode == 0
     baseline = capture_owner_generation_baseline(tmp_path, "session")
     probe = injected_probe(tmux_socket)
@@ -203,7 +204,9 @@ def test_a_generation_published_during_the_spawn_cleans_up_the_spawned_session(
 def test_with_the_real_cgroup_reader_an_absent_server_plan_fails_closed_here(
     tmp_path: Path, tmux_socket: TmuxSocket
 ) -> None:
-    """TO-39/TO-24: the real reader on this machine's process_api cgroup makes the plan server_unverifiable."""
+    """With the real cgroup reader, an absent-server plan is as verifiable as this machine's own cgroup, and fails
+    closed where that is unverifiable.
+    """
     caller = Path("/proc/self/cgroup").read_text(encoding="utf-8")
     expected = classify_cgroup("linux", caller)
     probe = TmuxProbe(tmux_socket.control, platform="linux")
@@ -221,7 +224,9 @@ def test_with_the_real_cgroup_reader_an_absent_server_plan_fails_closed_here(
 def test_with_the_real_cgroup_reader_a_running_server_is_not_trusted_here(
     tmp_path: Path, tmux_socket: TmuxSocket
 ) -> None:
-    """§16(b): a real server inheriting this machine's unverifiable cgroup makes the plan target_server_unverifiable."""
+    """With the real cgroup reader, a running server that inherited an unverifiable cgroup makes the plan
+    target_server_unverifiable.
+    """
     assert tmux_socket.run(*tmux_socket.new_session_argv("first")[3:]).returncode == 0
     server_cgroup = Path(f"/proc/{tmux_socket.server_pid()}/cgroup").read_text(encoding="utf-8")
     probe = TmuxProbe(tmux_socket.control, platform="linux")
@@ -234,7 +239,7 @@ def test_with_the_real_cgroup_reader_a_running_server_is_not_trusted_here(
 
 
 def test_the_real_probe_reports_a_socket_without_server_as_absent(tmux_socket: TmuxSocket) -> None:
-    """§15/§16: a socket with no server is absent; an empty control argv is unverifiable."""
+    """The real probe reports a socket without a server as absent and an empty control argv as unverifiable."""
     probe = injected_probe(tmux_socket)
     assert probe.probe_server("key").state == "absent"
     assert probe.probe_server("key", []).state == "unverifiable"

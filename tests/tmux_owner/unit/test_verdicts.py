@@ -1,4 +1,4 @@
-"""Terminal verdicts: classification, immutability, journal recovery and reconciliation (contract §8)."""
+"""Terminal verdicts: classification, immutability, journal recovery and reconciliation after a crash."""
 
 from __future__ import annotations
 
@@ -9,60 +9,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tmux_support import GENERATION, SESSION, intent_args, root_of
+from tmux_support import observe_request_json as request_json
 
 from tmux_owner import _verdicts
-from tmux_owner._common import InvalidRecordError, TmuxOwnerError
+from tmux_owner._errors import InvalidRecordError, TmuxOwnerError
 from tmux_owner._generations import replace_owner_generation
 from tmux_owner._intents import create_owner_intent
 from tmux_owner._verdict_records import ObserveTerminalRequest, OwnerIncident, OwnerVerdict, is_valid_owner_verdict
 from tmux_owner._verdicts import observe_owner_terminal
-
-SESSION = "session"
-GENERATION = "generation"
 
 
 def compact(value: Any) -> bytes:
     return (json.dumps(value, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
 
 
-def request_json(state_dir: Path, **overrides: Any) -> dict[str, Any]:
-    value: dict[str, Any] = {
-        "schema_version": 1,
-        "op": "observe_terminal",
-        "session_id": SESSION,
-        "owner_generation": GENERATION,
-        "state_dir": str(state_dir),
-        "socket_key": "socket",
-        "observer": "sidecar",
-        "observed_at": "2026-01-01T00:00:01.000Z",
-        "signal": "SIGTERM",
-        "exit_code": None,
-        "exit_kind": "exit",
-        "reason": "owner_exit",
-    }
-    return value | overrides
-
-
-def root_of(state_dir: Path) -> Path:
-    return state_dir / SESSION / "owner-lifecycle"
-
-
-@pytest.fixture
-def state_dir(tmp_path: Path) -> Path:
-    replace_owner_generation(tmp_path, SESSION, GENERATION)
-    return tmp_path
-
-
 def make_intent(state_dir: Path, dispatch_id: str = "dispatch") -> str:
-    return create_owner_intent(
-        state_dir,
-        generation=GENERATION,
-        session_id=SESSION,
-        server_key="socket",
-        dispatch_id=dispatch_id,
-        created_at="2026-01-01T00:00:00.000Z",
-        expires_at="2026-01-01T00:01:00.000Z",
-    ).intent_id
+    return create_owner_intent(state_dir, **intent_args(dispatch_id=dispatch_id)).intent_id
 
 
 def unexpected_verdict(**overrides: Any) -> dict[str, Any]:
@@ -103,7 +66,7 @@ def unexpected_verdict(**overrides: Any) -> dict[str, Any]:
 def test_a_malformed_observation_is_refused_before_any_file_is_written(
     state_dir: Path, overrides: dict[str, Any]
 ) -> None:
-    """TO-101/TO-149: an invalid observation raises terminal_observation_invalid; no journal, no verdict."""
+    """An invalid observation raises terminal_observation_invalid before any journal or verdict is written."""
     with pytest.raises(TmuxOwnerError) as raised:
         observe_owner_terminal(request_json(state_dir, **overrides))
     assert str(raised.value) == "terminal_observation_invalid"
@@ -115,7 +78,7 @@ def test_a_malformed_observation_is_refused_before_any_file_is_written(
 
 
 def test_a_foreign_or_missing_generation_is_a_mismatch(tmp_path: Path) -> None:
-    """TO-102: observing a generation that is not current raises generation_mismatch."""
+    """Observing a generation that is missing or not current raises generation_mismatch and writes nothing for it."""
     with pytest.raises(TmuxOwnerError, match=r"^generation_mismatch$"):
         observe_owner_terminal(request_json(tmp_path))
     assert not (tmp_path / SESSION).exists()
@@ -126,7 +89,9 @@ def test_a_foreign_or_missing_generation_is_a_mismatch(tmp_path: Path) -> None:
 
 
 def test_an_authorized_sigterm_is_an_expected_shutdown_that_consumes_the_intent(state_dir: Path) -> None:
-    """TO-103: verdict published, intent consumed, alias carries owner_generation, journal removed."""
+    """An authorized SIGTERM is an expected shutdown: the verdict is published, the intent consumed, the alias written
+    and the journal removed.
+    """
     intent_id = make_intent(state_dir)
     verdict = observe_owner_terminal(request_json(state_dir, operator_dispatch_id="dispatch"))
     assert verdict.classification == "expected_operator_shutdown"
@@ -144,7 +109,7 @@ def test_an_authorized_sigterm_is_an_expected_shutdown_that_consumes_the_intent(
 
 
 def test_the_first_verdict_wins_over_every_later_observation(state_dir: Path) -> None:
-    """TO-104: a later observer with other fields receives the stored verdict unchanged."""
+    """A later observer reporting other fields receives the first verdict, and the stored file is unchanged."""
     make_intent(state_dir)
     first = observe_owner_terminal(request_json(state_dir, operator_dispatch_id="dispatch"))
     file = root_of(state_dir) / "verdict-generation.json"
@@ -158,7 +123,9 @@ def test_the_first_verdict_wins_over_every_later_observation(state_dir: Path) ->
 
 
 def test_observation_gives_up_while_another_connection_holds_the_lock(state_dir: Path) -> None:
-    """TO-109: a held BEGIN IMMEDIATE makes observe raise verdict_lock_contended; afterwards it succeeds."""
+    """While another connection holds the lock, observation raises verdict_lock_contended, and it succeeds once the lock
+    is free.
+    """
     holder = sqlite3.connect(root_of(state_dir) / "owner-locks.sqlite", isolation_level=None)
     try:
         holder.execute("BEGIN IMMEDIATE")
@@ -172,7 +139,9 @@ def test_observation_gives_up_while_another_connection_holds_the_lock(state_dir:
 
 
 def test_a_partial_persisted_verdict_conflicts_but_the_loss_is_still_recorded(state_dir: Path) -> None:
-    """TO-110: a four-key verdict file raises immutable_record_conflict; the incident is written anyway."""
+    """A partial verdict file raises immutable_record_conflict, while the unexpected loss is still recorded as an
+    incident.
+    """
     root = root_of(state_dir)
     partial = {"schema_version": 1, "generation": GENERATION, "session_id": SESSION, "server_key": "socket"}
     (root / "verdict-generation.json").write_text(json.dumps(partial))
@@ -185,7 +154,9 @@ def test_a_partial_persisted_verdict_conflicts_but_the_loss_is_still_recorded(st
 
 @pytest.mark.parametrize("content", ["{broken", "[]", "null"])
 def test_a_verdict_file_that_is_not_an_object_is_corrupt(state_dir: Path, content: str) -> None:
-    """TO-111: invalid JSON or a non-object verdict raises immutable_record_corrupt (plus the incident)."""
+    """A verdict file that is invalid JSON or not an object raises immutable_record_corrupt, and the incident is still
+    written.
+    """
     (root_of(state_dir) / "verdict-generation.json").write_text(content)
     with pytest.raises(TmuxOwnerError, match=r"^immutable_record_corrupt$"):
         observe_owner_terminal(request_json(state_dir))
@@ -193,7 +164,7 @@ def test_a_verdict_file_that_is_not_an_object_is_corrupt(state_dir: Path, conten
 
 
 def test_a_symlinked_verdict_file_is_never_followed(state_dir: Path, tmp_path: Path) -> None:
-    """Beyond the seed: a symlink at verdict-<G>.json reads as corrupt even when it points at a valid verdict."""
+    """Beyond the seed, a symlink at verdict-<G>.json reads as corrupt even when it points at a valid verdict."""
     target = tmp_path / "planted.json"
     target.write_text(json.dumps(unexpected_verdict()))
     (root_of(state_dir) / "verdict-generation.json").symlink_to(target)
@@ -202,7 +173,7 @@ def test_a_symlinked_verdict_file_is_never_followed(state_dir: Path, tmp_path: P
 
 
 def test_an_unexpected_loss_publishes_an_incident_dated_at_the_observation(state_dir: Path) -> None:
-    """TO-112: without an intent, exit is an unexpected loss with a six-key incident and an alias."""
+    """Without an intent, an exit is an unexpected loss with an incident dated at the observation and an alias."""
     verdict = observe_owner_terminal(request_json(state_dir, signal="EXIT", exit_code=3))
     assert (verdict.classification, verdict.result, verdict.intent_id) == ("unexpected_owner_loss", "exit", None)
     root = root_of(state_dir)
@@ -219,14 +190,16 @@ def test_an_unexpected_loss_publishes_an_incident_dated_at_the_observation(state
 
 
 def test_a_cleanup_without_intent_is_a_non_operator_cleanup(state_dir: Path) -> None:
-    """TO-113: exit_kind cleanup gives non_operator_cleanup with result cleanup and no incident."""
+    """Exit kind cleanup without an intent is a non_operator_cleanup with result cleanup and no incident."""
     verdict = observe_owner_terminal(request_json(state_dir, exit_kind="cleanup", signal="EXIT"))
     assert (verdict.classification, verdict.result) == ("non_operator_cleanup", "cleanup")
     assert not (root_of(state_dir) / "incident-generation.json").exists()
 
 
 def test_an_unknown_exit_kind_is_expected_with_an_intent_and_unknown_without(tmp_path: Path) -> None:
-    """TO-114: exit_kind sigterm still matches an intent; without one the result is unknown_terminal."""
+    """An unknown exit kind still matches an intent as an expected shutdown, and without one it is stored as
+    unknown_terminal.
+    """
     replace_owner_generation(tmp_path, SESSION, GENERATION)
     make_intent(tmp_path)
     expected = observe_owner_terminal(request_json(tmp_path, exit_kind="sigterm", operator_dispatch_id="dispatch"))
@@ -242,12 +215,14 @@ def test_an_unknown_exit_kind_is_expected_with_an_intent_and_unknown_without(tmp
 
 @pytest.mark.parametrize("reason", ["different", "terminal", "x"])
 def test_unknown_reasons_are_stored_as_terminal_observation(state_dir: Path, reason: str) -> None:
-    """TO-115: a reason outside the allowed set is normalised to terminal_observation."""
+    """A reason outside the allowed set is stored as terminal_observation."""
     assert observe_owner_terminal(request_json(state_dir, reason=reason)).reason == "terminal_observation"
 
 
 def test_a_journaled_observation_is_recovered_after_a_crash(state_dir: Path) -> None:
-    """TO-116: the verdict is built from the journal's observation A, not the new observation B."""
+    """After a crash the verdict is built from the journaled observation, not from the new one, and the journal is
+    removed.
+    """
     root = root_of(state_dir)
     observation_a = request_json(
         state_dir, observer="raw_monitor", observed_at="2026-01-01T00:00:00Z", exit_kind="owner_lost"
@@ -278,7 +253,9 @@ def test_a_journaled_observation_is_recovered_after_a_crash(state_dir: Path) -> 
     ],
 )
 def test_a_journal_for_another_owner_or_malformed_is_ignored(state_dir: Path, journal: Any) -> None:
-    """TO-117: a foreign, wrong-schema, invalid or unparsable journal is ignored; B is used."""
+    """A journal for another owner, with a wrong schema, invalid or unparsable is ignored in favour of the new
+    observation.
+    """
     root = root_of(state_dir)
     if isinstance(journal, dict):
         observation = request_json(state_dir, observer="raw_monitor", observed_at="2026-01-01T00:00:00Z")
@@ -292,7 +269,9 @@ def test_a_journal_for_another_owner_or_malformed_is_ignored(state_dir: Path, jo
 
 
 def test_a_crash_after_the_verdict_is_reconciled_by_the_next_observer(state_dir: Path) -> None:
-    """TO-118: a stored expected verdict with its intent still pending gets the intent consumed and the alias."""
+    """A stored expected verdict whose intent is still pending is reconciled by the next observer: intent consumed,
+    alias written.
+    """
     intent_id = make_intent(state_dir)
     root = root_of(state_dir)
     stored = unexpected_verdict(
@@ -313,7 +292,9 @@ def test_a_crash_after_the_verdict_is_reconciled_by_the_next_observer(state_dir:
 
 
 def test_a_conflicting_incident_is_reported_after_the_verdict_is_published(state_dir: Path) -> None:
-    """TO-120: a different incident raises immutable_record_conflict; the verdict stays, no alias, journal stays."""
+    """A conflicting incident raises immutable_record_conflict after the verdict is published, leaving no alias and the
+    journal in place.
+    """
     root = root_of(state_dir)
     (root / "incident-generation.json").write_text(json.dumps({"schema_version": 1, "other": True}))
     with pytest.raises(TmuxOwnerError, match=r"^immutable_record_conflict$"):
@@ -324,7 +305,7 @@ def test_a_conflicting_incident_is_reported_after_the_verdict_is_published(state
 
 
 def test_identical_incident_republication_is_a_no_op(state_dir: Path) -> None:
-    """S:publishImmutableIncident: the same incident already on disk is accepted."""
+    """Publishing an incident identical to the one already on disk is accepted as a no-op."""
     root = root_of(state_dir)
     incident = OwnerIncident(
         generation=GENERATION,
@@ -340,7 +321,9 @@ def test_identical_incident_republication_is_a_no_op(state_dir: Path) -> None:
 def test_a_generation_replaced_before_the_alias_leaves_the_verdict_without_alias(
     state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """TO-121: the alias step raises generation_mismatch when the generation changed; the verdict remains."""
+    """A generation replaced before the alias is written raises generation_mismatch, and the verdict stays without
+    alias.
+    """
     real_publish_incident = _verdicts._publish_incident
 
     def publish_then_replace(paths: Any, incident: OwnerIncident) -> None:
@@ -365,7 +348,7 @@ def test_a_generation_replaced_before_the_alias_leaves_the_verdict_without_alias
 
 
 def test_an_unexpected_verdict_leaves_the_intent_pending_and_blocks_a_later_close(state_dir: Path) -> None:
-    """TO-122/TO-99: a SIGHUP does not consume the intent, so a new intent for the generation is a replay."""
+    """An unexpected SIGHUP verdict leaves the intent pending, so a new intent for the generation is still a replay."""
     make_intent(state_dir)
     verdict = observe_owner_terminal(request_json(state_dir, signal="SIGHUP", operator_dispatch_id="dispatch"))
     assert (verdict.classification, verdict.intent_id) == ("unexpected_owner_loss", None)
@@ -375,7 +358,7 @@ def test_an_unexpected_verdict_leaves_the_intent_pending_and_blocks_a_later_clos
 
 
 def test_a_dispatch_mismatch_is_an_unexpected_loss(state_dir: Path) -> None:
-    """TO-99 (T:sidecar): a SIGTERM presenting another dispatch id is not authorized by the intent."""
+    """A SIGTERM presenting another dispatch id than the intent's is an unexpected loss."""
     make_intent(state_dir)
     verdict = observe_owner_terminal(request_json(state_dir, operator_dispatch_id="someone-else"))
     assert verdict.classification == "unexpected_owner_loss"
@@ -409,7 +392,7 @@ def test_a_dispatch_mismatch_is_an_unexpected_loss(state_dir: Path) -> None:
     ],
 )
 def test_malformed_persisted_verdicts_are_rejected(overrides: dict[str, Any]) -> None:
-    """TO-123: only the exact, internally consistent verdict shape is valid."""
+    """A persisted verdict with a wrong or extra field, or inconsistent classification, result or intent, is invalid."""
     value = unexpected_verdict(**overrides)
     assert not is_valid_owner_verdict(value)
     with pytest.raises(InvalidRecordError):
@@ -417,7 +400,7 @@ def test_malformed_persisted_verdicts_are_rejected(overrides: dict[str, Any]) ->
 
 
 def test_consistent_persisted_verdicts_are_accepted() -> None:
-    """TO-123: each classification with its consistent result and intent is valid."""
+    """Each classification with its consistent result and intent is a valid verdict, for its own owner only."""
     assert is_valid_owner_verdict(unexpected_verdict())
     assert is_valid_owner_verdict(unexpected_verdict(result="unknown_terminal"))
     assert is_valid_owner_verdict(
@@ -442,7 +425,7 @@ def test_consistent_persisted_verdicts_are_accepted() -> None:
 def test_an_intent_gone_before_consumption_is_accepted_only_if_already_consumed(
     state_dir: Path, monkeypatch: pytest.MonkeyPatch, moved_to: str, outcome: str
 ) -> None:
-    """TO-119: when the intent vanished after the verdict, only a matching .consumed intent lets observe succeed."""
+    """When the intent is renamed away before consumption, observation succeeds only if it was already consumed."""
     make_intent(state_dir)
     root = root_of(state_dir)
     real_build = _verdicts._build_verdict

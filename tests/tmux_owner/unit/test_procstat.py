@@ -1,4 +1,4 @@
-"""The Linux start-time parser and the live /proc reader (contract §13, TO-153, TO-164..TO-166)."""
+"""The Linux process start-time parser (field 22 of /proc/<pid>/stat) and the live /proc reader."""
 
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ def stat_line(comm: str = "owner", state: str = "S", start: str = "1234", pid: s
     ("stat", "expected"),
     [
         (stat_line(), "1234"),
-        (stat_line(comm="foo ) bar baz"), "1234"),  # TO-164
+        (stat_line(comm="foo ) bar baz"), "1234"),  # a ")" inside the command name
         (stat_line(comm="tmux: server"), "1234"),
         (stat_line(comm="a (b) c"), "1234"),
-        (stat_line(state="K"), "1234"),  # TO-165
+        (stat_line(state="K"), "1234"),  # any one-letter state
         (stat_line(state="W"), "1234"),
         (stat_line(state="x"), "1234"),
         (stat_line(state="Z"), "1234"),
@@ -40,7 +40,7 @@ def stat_line(comm: str = "owner", state: str = "S", start: str = "1234", pid: s
     ],
 )
 def test_start_time_is_field_22_counted_after_the_last_parenthesis(stat: str, expected: str) -> None:
-    """TO-164/165: the parser anchors on the last `)`, so a comm with spaces or parentheses is harmless."""
+    """The start time is field 22 counted after the last `)`, so spaces or parentheses in the command are harmless."""
     assert parse_linux_proc_start_time(stat) == expected
 
 
@@ -49,7 +49,7 @@ def test_start_time_is_field_22_counted_after_the_last_parenthesis(stat: str, ex
     [
         None,
         "",
-        "x" + stat_line(),  # TO-165: a prefix before the pid
+        "x" + stat_line(),  # a prefix before the pid
         stat_line().replace("(owner) ", "(owner)"),  # no space after ")"
         stat_line(state="1"),
         stat_line(state="SS"),
@@ -68,12 +68,12 @@ def test_start_time_is_field_22_counted_after_the_last_parenthesis(stat: str, ex
     ],
 )
 def test_malformed_stat_records_yield_none(stat: str | None) -> None:
-    """TO-165: every malformed record (prefix, separators, state, tty, lines, NUL, CR, digits) is refused."""
+    """A malformed record (prefix, separators, state, tty, extra lines, NUL, CR, non-ASCII digits) yields None."""
     assert parse_linux_proc_start_time(stat) is None
 
 
 def test_owner_process_start_time_is_not_applicable_off_linux() -> None:
-    """TO-153: darwin and win32 give not_applicable; Linux parses field 22 or gives None."""
+    """Off Linux the owner's start time is not_applicable, and on Linux it is field 22 or None."""
     assert owner_process_start_time("darwin", None) == "not_applicable"
     assert owner_process_start_time("win32", "anything") == "not_applicable"
     assert owner_process_start_time("linux", stat_line()) == "1234"
@@ -82,7 +82,7 @@ def test_owner_process_start_time_is_not_applicable_off_linux() -> None:
 
 
 def test_the_live_reader_proves_this_process_and_matches_its_stat_file() -> None:
-    """TO-166: a live pid reads as live with the start time of its own /proc/<pid>/stat."""
+    """This process reads as live, with the start time of its own /proc/<pid>/stat."""
     probe = probe_linux_proc_pid(os.getpid())
     expected = parse_linux_proc_start_time(Path(f"/proc/{os.getpid()}/stat").read_text())
     assert probe.kind == "live"
@@ -92,13 +92,15 @@ def test_the_live_reader_proves_this_process_and_matches_its_stat_file() -> None
 
 @pytest.mark.parametrize("pid", [0, -1, True, 1.5, "12", None, float("nan")])
 def test_the_live_reader_refuses_an_invalid_pid(pid: object) -> None:
-    """TO-166: a pid that is not a positive safe integer (booleans included) is unverifiable invalid_pid."""
+    """A pid that is not a positive safe integer, booleans included, is unverifiable with reason invalid_pid."""
     probe = probe_linux_proc_pid(pid)
     assert (probe.kind, probe.reason) == ("unverifiable", "invalid_pid")
 
 
 def test_the_live_reader_reports_absence_platform_and_malformed_records(tmp_path: Path) -> None:
-    """TO-166: a missing /proc/<pid> is absent, non-Linux is unsupported, an unparsable stat is malformed."""
+    """A missing /proc/<pid> is absent, a non-Linux platform unsupported, an unparsable stat malformed and an unreadable
+    one a read error.
+    """
     assert probe_linux_proc_pid(7, proc_root=tmp_path).kind == "absent"
     assert probe_linux_proc_pid(7, platform="darwin").reason == "unsupported_platform"
     (tmp_path / "7").mkdir()

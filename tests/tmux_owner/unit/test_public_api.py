@@ -2,8 +2,8 @@
 
 Each check runs in a fresh interpreter in the project root: there, and in every
 consumer, ``tmux_owner`` is the real package. Inside a ``pytest`` run started as
-``.venv/bin/pytest``, ``tests/`` is on ``sys.path`` and this directory would shadow the
-package as a namespace package of the same name.
+``.venv/bin/pytest``, ``tests/`` is on ``sys.path`` and ``tests/tmux_owner`` would shadow
+the package as a namespace package of the same name.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-PROJECT = Path(__file__).resolve().parents[2]
+from tmux_support import PROJECT
 
 # The names the package promises; a removal or rename is a breaking change.
 PROMISED = {

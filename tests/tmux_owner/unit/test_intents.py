@@ -1,4 +1,4 @@
-"""SIGTERM intents: creation, one-per-generation replay refusal, and authorization rules (contract §7)."""
+"""SIGTERM intents: creation, the one-intent-per-generation rule, and which observation an intent authorizes."""
 
 from __future__ import annotations
 
@@ -9,24 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tmux_support import GENERATION, SESSION, intent_args, root_of
 
-from tmux_owner._common import InvalidRecordError, TmuxOwnerError, parse_timestamp_ms
+from tmux_owner._errors import InvalidRecordError, TmuxOwnerError
 from tmux_owner._intents import OwnerIntent, create_owner_intent
+from tmux_owner._timestamps import parse_timestamp_ms
 from tmux_owner._verdict_records import ObserveTerminalRequest, is_valid_owner_intent
-
-SESSION = "session"
-GENERATION = "generation"
-
-
-def intent_args(**overrides: Any) -> dict[str, Any]:
-    return {
-        "generation": GENERATION,
-        "session_id": SESSION,
-        "server_key": "socket",
-        "dispatch_id": "dispatch",
-        "created_at": "2026-01-01T00:00:00.000Z",
-        "expires_at": "2026-01-01T00:01:00.000Z",
-    } | overrides
 
 
 def observation(state_dir: Path, **overrides: Any) -> ObserveTerminalRequest:
@@ -46,12 +34,8 @@ def observation(state_dir: Path, **overrides: Any) -> ObserveTerminalRequest:
     return ObserveTerminalRequest(**(fields | overrides))
 
 
-def root_of(state_dir: Path) -> Path:
-    return state_dir / SESSION / "owner-lifecycle"
-
-
 def test_an_intent_created_after_it_expires_is_invalid_and_nothing_is_written(tmp_path: Path) -> None:
-    """TO-93: created_at after expires_at raises owner_intent_invalid without writing."""
+    """An intent created after it expires raises owner_intent_invalid and writes nothing."""
     with pytest.raises(TmuxOwnerError) as raised:
         create_owner_intent(
             tmp_path, **intent_args(created_at="2026-01-01T00:01:00Z", expires_at="2026-01-01T00:00:00Z")
@@ -61,13 +45,13 @@ def test_an_intent_created_after_it_expires_is_invalid_and_nothing_is_written(tm
 
 
 def test_an_intent_may_expire_at_the_instant_it_is_created(tmp_path: Path) -> None:
-    """TO-94: created_at equal to expires_at is accepted."""
+    """An intent may expire at the very instant it is created."""
     intent = create_owner_intent(tmp_path, **intent_args(expires_at="2026-01-01T00:00:00.000Z"))
     assert intent.created_at == intent.expires_at
 
 
 def test_creation_does_not_compare_the_intent_with_the_clock(tmp_path: Path) -> None:
-    """TO-95: an intent wholly in the past is still created."""
+    """Creating an intent does not compare it with the clock, so one wholly in the past is still created."""
     intent = create_owner_intent(
         tmp_path, **intent_args(created_at="2019-01-01T00:00:00Z", expires_at="2020-01-01T00:00:00Z")
     )
@@ -77,7 +61,7 @@ def test_creation_does_not_compare_the_intent_with_the_clock(tmp_path: Path) -> 
 
 @pytest.mark.parametrize("suffix", ["", ".consumed", ".cancelled", ".expired", ".invalidated"])
 def test_any_earlier_intent_of_the_generation_blocks_a_new_one(tmp_path: Path, suffix: str) -> None:
-    """TO-96: one intent per generation ever; any intent file or marker means owner_intent_replay."""
+    """An intent file of the generation in any state, pending or retired, makes a new intent owner_intent_replay."""
     root = root_of(tmp_path)
     root.mkdir(parents=True)
     (root / f"intent-generation.json{suffix}").write_text("{}\n")
@@ -87,14 +71,16 @@ def test_any_earlier_intent_of_the_generation_blocks_a_new_one(tmp_path: Path, s
 
 
 def test_a_second_intent_for_the_same_generation_is_a_replay(tmp_path: Path) -> None:
-    """TO-96/TO-97: the exclusive create refuses a second intent even with another dispatch."""
+    """A second intent for the same generation is owner_intent_replay even for another dispatch."""
     create_owner_intent(tmp_path, **intent_args())
     with pytest.raises(TmuxOwnerError, match=r"^owner_intent_replay$"):
         create_owner_intent(tmp_path, **intent_args(dispatch_id="other"))
 
 
 def test_a_created_intent_is_a_private_compact_pending_record(tmp_path: Path) -> None:
-    """TO-98: the root is created, the file is 0600 compact JSON + newline with a fresh intent id."""
+    """A created intent is one compact JSON line in a new 0700 directory, mode 0600, pending, with a fresh UUID as its
+    id.
+    """
     intent = create_owner_intent(tmp_path, **intent_args())
     file = root_of(tmp_path) / "intent-generation.json"
     assert stat.S_IMODE(file.stat().st_mode) == 0o600
@@ -118,14 +104,16 @@ def test_a_created_intent_is_a_private_compact_pending_record(tmp_path: Path) ->
 
 @pytest.mark.parametrize("generation", ["", ".", "..", "a/b", "x\0y"])
 def test_intents_refuse_generations_that_are_unsafe_path_components(tmp_path: Path, generation: str) -> None:
-    """Beyond the seed: an intent for an unsafe generation is invalid and nothing is written."""
+    """Beyond the seed, an intent for a generation that is an unsafe path component is invalid and writes nothing."""
     with pytest.raises(TmuxOwnerError, match=r"^owner_intent_invalid$"):
         create_owner_intent(tmp_path, **intent_args(generation=generation))
     assert not (tmp_path / SESSION).exists()
 
 
 def test_an_intent_authorizes_only_the_matching_sigterm_observation(tmp_path: Path) -> None:
-    """TO-99: same owner and server, the presented dispatch id, SIGTERM, created <= observed < expires."""
+    """An intent authorizes only a SIGTERM observation of its owner and server that presents its dispatch id within
+    created <= observed < expires.
+    """
     intent = create_owner_intent(tmp_path, **intent_args()).to_json()
     assert is_valid_owner_intent(intent)
     assert is_valid_owner_intent(intent, observation(tmp_path))
@@ -147,7 +135,9 @@ def test_an_intent_authorizes_only_the_matching_sigterm_observation(tmp_path: Pa
 
 
 def test_intent_records_reject_every_shape_the_seed_rejects() -> None:
-    """TO-99: exact keys, schema 1 (never true), pending state, the fixed expected terminal."""
+    """An intent record needs exactly its keys, schema 1 (never true), the pending state, the fixed expected terminal
+    and ordered times.
+    """
     good = OwnerIntent(intent_id="i", **intent_args()).to_json()
     assert is_valid_owner_intent(good)
     bad_values = [
@@ -170,7 +160,7 @@ def test_intent_records_reject_every_shape_the_seed_rejects() -> None:
 
 
 def test_intent_timestamps_are_parsed_as_iso_instants() -> None:
-    """TO-100: every canonical form and date-only/offset forms parse; unparseable input does not."""
+    """Intent timestamps parse in every canonical, date-only and offset form, and anything else parses to None."""
     assert parse_timestamp_ms("1970-01-01T00:00:00Z") == 0
     assert parse_timestamp_ms("1970-01-01T00:00:00.5Z") == 500
     assert parse_timestamp_ms("2026-01-01") == parse_timestamp_ms("2026-01-01T00:00:00.000Z")

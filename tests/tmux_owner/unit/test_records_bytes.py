@@ -1,4 +1,4 @@
-"""Serialised records are byte-identical to the seed's JSON.stringify output (contract §1, TO-106, §18.5)."""
+"""Serialised records are byte-identical to what the seed's JSON.stringify writes, in memory and on disk."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 from gates import require
 
-from tmux_owner._common import dumps, dumps_line
 from tmux_owner._generations import (
     GenerationRecord,
     OwnerGenerationBaseline,
@@ -20,6 +19,7 @@ from tmux_owner._generations import (
     replace_owner_generation,
 )
 from tmux_owner._intents import OwnerIntent, create_owner_intent
+from tmux_owner._jscompat import dumps, dumps_line
 from tmux_owner._verdict_records import ObserveTerminalRequest, OwnerIncident, OwnerVerdict
 from tmux_owner._verdicts import observe_owner_terminal
 
@@ -141,12 +141,14 @@ def test_each_record_round_trips_through_its_seed_json(record: Any, seed_json: s
 
 
 def test_the_verdict_alias_appends_owner_generation_last() -> None:
-    """TO-103: verdict.json is the verdict followed by owner_generation."""
+    """verdict.json holds the verdict with owner_generation appended as its last key."""
     assert dumps(EXPECTED.alias_json()) == dumps(EXPECTED.to_json())[:-1] + ',"owner_generation":"g1"}'
 
 
 def test_an_integral_float_is_written_as_javascript_would() -> None:
-    """§18.4: exit_code 12.0 from JSON is the number 12, serialised as 12 (never 12.0), and true is refused."""
+    """An integral float read from JSON (exit_code 12.0, schema_version 1.0) is written back as JavaScript would, as 12
+    and 1.
+    """
     value = {**UNEXPECTED.to_json(), "exit_code": 12.0, "schema_version": 1.0}
     verdict = OwnerVerdict.from_json(value)
     assert '"exit_code":12,' in dumps(verdict.to_json())
@@ -154,7 +156,9 @@ def test_an_integral_float_is_written_as_javascript_would() -> None:
 
 
 def test_files_written_by_the_module_hold_the_records_bytes(tmp_path: Path) -> None:
-    """TO-106: generation, intent, verdict, incident and alias files are compact JSON plus one newline."""
+    """The generation, marker, intent, verdict, incident and alias files the package writes are each its record as
+    compact JSON plus one newline.
+    """
     replace_owner_generation(tmp_path, "s1", "g1")
     root = tmp_path / "s1" / "owner-lifecycle"
     pointer = GenerationRecord.from_json(json.loads((root / "generation.json").read_text()))
@@ -181,7 +185,9 @@ def observation_with(record: ObserveTerminalRequest, **changes: Any) -> ObserveT
 
 
 def test_non_ascii_and_escapes_match_node_json_stringify() -> None:
-    """§2: with awkward strings, JSON.stringify(JSON.parse(ours)) in node gives back our exact bytes."""
+    """For records holding awkward strings, node's JSON.stringify(JSON.parse(line)) gives back exactly the bytes we
+    wrote.
+    """
     node = shutil.which("node")
     require(node is not None, "node is not installed")
     assert node is not None

@@ -1,4 +1,4 @@
-"""Exact owner close: start-time proof, intent, SIGTERM, verdict wait and markers (contract §9)."""
+"""Exact owner close: the start-time proof, the intent, the SIGTERM, the verdict wait and the retired-intent markers."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from gates import require
+from tmux_support import GENERATION, SESSION, observe_request_json, root_of
 
 from tmux_owner import _close
 from tmux_owner._close import (
@@ -23,19 +24,13 @@ from tmux_owner._close import (
     close_exact_tmux_owner,
     read_proc_start_time,
 )
-from tmux_owner._common import TmuxOwnerError, iso_now
-from tmux_owner._generations import replace_owner_generation
+from tmux_owner._errors import TmuxOwnerError
 from tmux_owner._intents import create_owner_intent
+from tmux_owner._timestamps import iso_now
 from tmux_owner._verdict_records import OwnerVerdict
 from tmux_owner._verdicts import observe_owner_terminal
 
-SESSION = "session"
-GENERATION = "generation"
 PROC_AVAILABLE = Path("/proc/self/stat").exists()
-
-
-def root_of(state_dir: Path) -> Path:
-    return state_dir / SESSION / "owner-lifecycle"
 
 
 def intent_file(state_dir: Path, suffix: str = "") -> Path:
@@ -90,28 +85,8 @@ class FakeOwner:
 
 def observe_sigterm(state_dir: Path, dispatch_id: str = "dispatch") -> OwnerVerdict:
     return observe_owner_terminal(
-        {
-            "schema_version": 1,
-            "op": "observe_terminal",
-            "session_id": SESSION,
-            "owner_generation": GENERATION,
-            "state_dir": str(state_dir),
-            "socket_key": "socket",
-            "observer": "sidecar",
-            "observed_at": iso_now(),
-            "signal": "SIGTERM",
-            "exit_code": None,
-            "exit_kind": "exit",
-            "reason": "owner_exit",
-            "operator_dispatch_id": dispatch_id,
-        }
+        observe_request_json(state_dir, observed_at=iso_now(), operator_dispatch_id=dispatch_id)
     )
-
-
-@pytest.fixture
-def state_dir(tmp_path: Path) -> Path:
-    replace_owner_generation(tmp_path, SESSION, GENERATION)
-    return tmp_path
 
 
 @pytest.fixture
@@ -129,7 +104,7 @@ def child() -> Iterator[subprocess.Popen[bytes]]:
 def test_a_wrong_start_time_refuses_a_real_child_without_any_signal(
     state_dir: Path, child: subprocess.Popen[bytes]
 ) -> None:
-    """TO-124/TO-135: a start time that is not the real child's refuses the close; the child lives on."""
+    """A start time that is not the real child's refuses the close before any intent or signal; the child lives on."""
     real = read_proc_start_time(child.pid)
     assert real is not None
     wrong = str(int(real) + 1)
@@ -143,7 +118,9 @@ def test_a_wrong_start_time_refuses_a_real_child_without_any_signal(
 def test_the_right_start_time_sends_a_real_sigterm_and_consumes_the_intent(
     state_dir: Path, child: subprocess.Popen[bytes]
 ) -> None:
-    """TO-134/TO-135: the real child dies of SIGTERM, an observer's verdict arrives, the intent is consumed."""
+    """With the right start time a real child dies of SIGTERM, the observer's expected-shutdown verdict is returned, the
+    intent is consumed and cleanup runs once.
+    """
     start_time = read_proc_start_time(child.pid)
     assert start_time is not None
     observed: list[OwnerVerdict] = []
@@ -174,7 +151,7 @@ def test_the_right_start_time_sends_a_real_sigterm_and_consumes_the_intent(
 
 
 def test_a_start_time_mismatch_sends_nothing_and_writes_no_intent(state_dir: Path) -> None:
-    """TO-124: the first proof failing raises before any intent, signal or cleanup."""
+    """A start-time mismatch at the first proof raises owner_pid_identity_mismatch before any intent or signal."""
     owner = FakeOwner(["9999"])
     with pytest.raises(TmuxOwnerError, match=r"^owner_pid_identity_mismatch$"):
         close_exact_tmux_owner(close_request(state_dir), owner.deps())
@@ -183,7 +160,7 @@ def test_a_start_time_mismatch_sends_nothing_and_writes_no_intent(state_dir: Pat
 
 
 def test_a_stale_generation_is_refused_before_the_intent(state_dir: Path) -> None:
-    """TO-125: closing a generation that is not current raises owner_generation_mismatch; no intent, no signal."""
+    """Closing a generation that is not current raises owner_generation_mismatch with no intent and no signal."""
     owner = FakeOwner(["1234"])
     with pytest.raises(TmuxOwnerError, match=r"^owner_generation_mismatch$"):
         close_exact_tmux_owner(close_request(state_dir, generation="stale"), owner.deps())
@@ -192,7 +169,9 @@ def test_a_stale_generation_is_refused_before_the_intent(state_dir: Path) -> Non
 
 
 def test_a_generation_with_an_earlier_intent_cannot_be_closed_again(state_dir: Path) -> None:
-    """TO-126: an existing intent (another dispatch) makes close raise owner_intent_replay without a signal."""
+    """An earlier intent of the generation, even from another dispatch, makes close raise owner_intent_replay without a
+    signal.
+    """
     create_owner_intent(
         state_dir,
         generation=GENERATION,
@@ -209,7 +188,7 @@ def test_a_generation_with_an_earlier_intent_cannot_be_closed_again(state_dir: P
 
 
 def test_an_intent_created_after_its_expiry_is_invalid(state_dir: Path) -> None:
-    """TO-127: createdAt after expiresAt raises owner_intent_invalid; no intent file, no signal."""
+    """An intent created after its expiry raises owner_intent_invalid with no intent file and no signal."""
     owner = FakeOwner(["1234"])
     request = close_request(state_dir, created_at="2026-01-01T00:00:00Z", expires_at="2020-01-01T00:00:00Z")
     with pytest.raises(TmuxOwnerError, match=r"^owner_intent_invalid$"):
@@ -219,7 +198,9 @@ def test_an_intent_created_after_its_expiry_is_invalid(state_dir: Path) -> None:
 
 
 def test_an_already_expired_intent_is_marked_expired_without_a_signal(state_dir: Path) -> None:
-    """TO-128: an intent whose expiry has passed is renamed .expired and close times out unsignalled."""
+    """An intent whose expiry has already passed is renamed .expired and close raises owner_term_verdict_timeout
+    unsignalled.
+    """
     owner = FakeOwner(["1234"])
     request = close_request(state_dir, created_at="2019-01-01T00:00:00Z", expires_at="2020-01-01T00:00:00Z")
     with pytest.raises(TmuxOwnerError, match=r"^owner_term_verdict_timeout$"):
@@ -229,7 +210,7 @@ def test_an_already_expired_intent_is_marked_expired_without_a_signal(state_dir:
 
 
 def test_a_changed_start_time_at_the_second_proof_cancels_the_intent(state_dir: Path) -> None:
-    """TO-129: the pid changing between the two proofs cancels the intent; no signal, no cleanup."""
+    """A start time that changes between the two proofs cancels the intent, with no signal and no cleanup."""
     owner = FakeOwner(["1234", "5678"])
     with pytest.raises(TmuxOwnerError, match=r"^owner_pid_identity_mismatch$"):
         close_exact_tmux_owner(close_request(state_dir), owner.deps())
@@ -238,7 +219,7 @@ def test_a_changed_start_time_at_the_second_proof_cancels_the_intent(state_dir: 
 
 
 def test_a_generation_replaced_after_the_intent_cancels_it(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """TO-130: a replacement right after the intent is written cancels it with owner_generation_mismatch."""
+    """A generation replaced right after the intent is written cancels it and raises owner_generation_mismatch."""
     real_create = _close.create_owner_intent
 
     def create_then_replace(*args: Any, **kwargs: Any) -> Any:
@@ -257,7 +238,7 @@ def test_a_generation_replaced_after_the_intent_cancels_it(state_dir: Path, monk
 
 
 def test_a_failed_dispatch_cancels_the_intent_and_propagates_its_error(state_dir: Path) -> None:
-    """TO-131: sendSigterm's own error propagates, the intent is cancelled, nothing is cleaned."""
+    """An error from sending the SIGTERM propagates unchanged, cancels the intent and runs no cleanup."""
     owner = FakeOwner(["1234"])
     owner.send_error = TmuxOwnerError("dispatch_failed")
     with pytest.raises(TmuxOwnerError, match=r"^dispatch_failed$"):
@@ -267,7 +248,7 @@ def test_a_failed_dispatch_cancels_the_intent_and_propagates_its_error(state_dir
 
 
 def test_no_verdict_within_the_wait_expires_the_intent(state_dir: Path) -> None:
-    """TO-132: a verdict wait that returns nothing expires the intent and raises owner_term_verdict_timeout."""
+    """A verdict wait that returns nothing after the signal expires the intent and raises owner_term_verdict_timeout."""
     owner = FakeOwner(["1234"])
     with pytest.raises(TmuxOwnerError, match=r"^owner_term_verdict_timeout$"):
         close_exact_tmux_owner(close_request(state_dir), owner.deps())
@@ -278,7 +259,7 @@ def test_no_verdict_within_the_wait_expires_the_intent(state_dir: Path) -> None:
 
 @pytest.mark.parametrize("kind", ["wrong_intent", "unexpected"])
 def test_a_verdict_for_another_intent_or_unexpected_loss_is_a_timeout(state_dir: Path, kind: str) -> None:
-    """TO-133: a verdict not naming our intent as an expected shutdown expires the intent; no cleanup."""
+    """A verdict that is not an expected shutdown naming this close's intent expires the intent and runs no cleanup."""
     base = {
         "schema_version": 1,
         "generation": GENERATION,
@@ -307,7 +288,7 @@ def test_a_verdict_for_another_intent_or_unexpected_loss_is_a_timeout(state_dir:
 
 
 def test_a_matching_sigterm_verdict_runs_cleanup_once(state_dir: Path) -> None:
-    """TO-134: a verdict wait that performs the real observation leads to exactly one cleanup."""
+    """A verdict wait that performs the real SIGTERM observation leads to exactly one cleanup and a consumed intent."""
     owner = FakeOwner(["1234"], verdict=lambda: observe_sigterm(state_dir))
     verdict = close_exact_tmux_owner(close_request(state_dir), owner.deps())
     assert verdict.classification == "expected_operator_shutdown"
@@ -317,7 +298,9 @@ def test_a_matching_sigterm_verdict_runs_cleanup_once(state_dir: Path) -> None:
 
 
 def test_close_gives_up_when_the_generation_lock_is_held(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """TO-87 (S:closeExactTmuxOwner): without the generation lock, close raises generation_lock_contended."""
+    """Without the generation lock within the (shortened) wait, close raises generation_lock_contended and signals
+    nothing.
+    """
     monkeypatch.setattr(_close, "GENERATION_LOCK_WAIT_MS", 100)
     owner = FakeOwner(["1234"])
     holder = sqlite3.connect(root_of(state_dir) / "owner-locks.sqlite", isolation_level=None)
@@ -332,7 +315,9 @@ def test_close_gives_up_when_the_generation_lock_is_held(state_dir: Path, monkey
 
 
 def test_the_live_start_time_reader_takes_field_22_after_the_last_parenthesis() -> None:
-    """S:readStartTime: /proc/<pid>/stat field 22 is read after the last ')' and a missing pid reads None."""
+    """The live start-time reader returns field 22 of /proc/<pid>/stat, counted after the last ')', and None for a
+    missing pid.
+    """
     require(PROC_AVAILABLE, "needs Linux /proc")
     stat_text = Path(f"/proc/{os.getpid()}/stat").read_text()
     assert read_proc_start_time(os.getpid()) == stat_text.rsplit(")", 1)[1].split()[19]

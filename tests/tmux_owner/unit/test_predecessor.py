@@ -1,4 +1,4 @@
-"""Managed-owner SIGABRT predecessor evidence and the no-follow recovery root reader (contract §10, §14)."""
+"""The SIGABRT predecessor a replacement managed owner may resume from, and the no-follow root reader it reads with."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 from gates import require
+from tmux_support import SESSION, root_of
 
 from tmux_owner import _predecessor
-from tmux_owner._common import TmuxOwnerError
+from tmux_owner._errors import TmuxOwnerError
 from tmux_owner._generations import GenerationRecord, OwnerGenerationBaseline
 from tmux_owner._predecessor import ManagedOwnerPredecessorEvidence, resolve_managed_owner_predecessor
 from tmux_owner._recovery_fs import RecoveryFsRoot, RecoveryRead
 
-SESSION = "session"
 GENERATION = "prior"
 TOKEN = "tok-1.a_b"
 COMMAND = ["gjc", "--resume"]
@@ -28,8 +28,9 @@ BASELINE = OwnerGenerationBaseline.current(
 )
 
 
-def root_of(state_dir: Path) -> Path:
-    root = state_dir / SESSION / "owner-lifecycle"
+def made_root(state_dir: Path) -> Path:
+    """The lifecycle directory of the prior generation, created if missing."""
+    root = root_of(state_dir)
     root.mkdir(parents=True, exist_ok=True)
     return root
 
@@ -78,7 +79,7 @@ def line(value: Any) -> str:
 
 
 def write_evidence(state_dir: Path, binding_value: Any = None, receipt_value: Any = None, token: str = TOKEN) -> Path:
-    root = root_of(state_dir)
+    root = made_root(state_dir)
     (root / f"child-{token}.binding.json").write_text(line(binding() if binding_value is None else binding_value))
     (root / f"sigabrt-{token}.receipt.json").write_text(line(receipt() if receipt_value is None else receipt_value))
     return root
@@ -100,7 +101,7 @@ def linux_only() -> None:
 
 
 def test_an_exact_sigabrt_pair_names_the_predecessor(tmp_path: Path) -> None:
-    """TO-143: a matching binding and receipt yield generation, session, run, incarnation and token."""
+    """A matching binding and SIGABRT receipt name the predecessor's generation, session, run, incarnation and token."""
     write_evidence(tmp_path)
     assert resolve(tmp_path) == ManagedOwnerPredecessorEvidence(
         generation=GENERATION,
@@ -112,54 +113,54 @@ def test_an_exact_sigabrt_pair_names_the_predecessor(tmp_path: Path) -> None:
 
 
 def test_extra_keys_in_the_evidence_are_tolerated(tmp_path: Path) -> None:
-    """TO-143: evidence records may carry keys beyond the checked ones."""
+    """Evidence records may carry keys beyond the ones that are checked."""
     write_evidence(tmp_path, binding(note="x"), receipt(extra=[1, 2]))
     assert resolve(tmp_path) is not None
 
 
 def test_an_absent_baseline_has_no_predecessor(tmp_path: Path) -> None:
-    """TO-136: with no prior generation there is nothing to resume."""
+    """With no prior generation there is no predecessor to resume."""
     assert resolve_managed_owner_predecessor(tmp_path, SESSION, OwnerGenerationBaseline.absent()) is None
 
 
 def test_an_unlistable_root_makes_the_evidence_unavailable(tmp_path: Path) -> None:
-    """TO-137: a prior generation whose lifecycle root cannot be listed is unavailable, not absent."""
+    """A prior generation whose lifecycle directory cannot be listed makes the evidence unavailable, not absent."""
     assert_refused(tmp_path, "unavailable")
 
 
 def test_a_root_without_evidence_entries_has_no_predecessor(tmp_path: Path) -> None:
-    """TO-138: no child-* and no sigabrt-* entries means no predecessor."""
-    (root_of(tmp_path) / "generation.json").write_text("{}\n")
+    """A lifecycle directory without any child-* or sigabrt-* entry has no predecessor."""
+    (made_root(tmp_path) / "generation.json").write_text("{}\n")
     assert resolve(tmp_path) is None
 
 
 @pytest.mark.parametrize("stray", ["child-x.binding.json.tmp", "child-", "sigabrt-x.receipt", "sigabrt-.receipt.json"])
 def test_a_stray_evidence_like_entry_is_untrusted(tmp_path: Path, stray: str) -> None:
-    """TO-139: an entry starting child-/sigabrt- that is not exactly an evidence name is untrusted."""
+    """An entry named child-* or sigabrt-* that is not exactly an evidence file name makes the evidence untrusted."""
     root = write_evidence(tmp_path)
     (root / stray).write_text("x\n")
     assert_refused(tmp_path, "untrusted")
 
 
 def test_bindings_without_a_receipt_are_ambiguous(tmp_path: Path) -> None:
-    """TO-140: a binding-only directory is ambiguous, not absent."""
-    (root_of(tmp_path) / f"child-{TOKEN}.binding.json").write_text(line(binding()))
+    """A binding without any receipt makes the evidence ambiguous, not absent."""
+    (made_root(tmp_path) / f"child-{TOKEN}.binding.json").write_text(line(binding()))
     assert_refused(tmp_path, "ambiguous")
 
 
 def test_two_receipts_or_an_unbound_receipt_are_ambiguous(tmp_path: Path) -> None:
-    """TO-140: exactly one receipt with a binding of the same token is required."""
+    """A second receipt, or a receipt without a binding of its token, makes the evidence ambiguous."""
     root = write_evidence(tmp_path)
     (root / "sigabrt-other.receipt.json").write_text(line(receipt(child_token="other")))
     assert_refused(tmp_path, "ambiguous")
     other = tmp_path / "other"
-    (root_of(other) / "sigabrt-lonely.receipt.json").write_text(line(receipt()))
+    (made_root(other) / "sigabrt-lonely.receipt.json").write_text(line(receipt()))
     with pytest.raises(TmuxOwnerError, match=r"_ambiguous$"):
         resolve(other)
 
 
 def test_a_token_outside_the_safe_alphabet_is_untrusted(tmp_path: Path) -> None:
-    """TO-141: the matched token must be [A-Za-z0-9._-]+."""
+    """A matched token outside [A-Za-z0-9._-]+ makes the evidence untrusted."""
     write_evidence(tmp_path, binding(child_token="a b"), receipt(child_token="a b"), token="a b")
     assert_refused(tmp_path, "untrusted")
 
@@ -170,14 +171,14 @@ def test_a_token_outside_the_safe_alphabet_is_untrusted(tmp_path: Path) -> None:
     ids=["no-newline", "two", "split", "empty"],
 )
 def test_evidence_that_is_not_exactly_one_line_is_untrusted(tmp_path: Path, content: str) -> None:
-    """TO-142: each evidence file must be a single line ending in one newline."""
+    """An evidence file that is not exactly one line ending in one newline is untrusted."""
     root = write_evidence(tmp_path)
     (root / f"child-{TOKEN}.binding.json").write_text(content)
     assert_refused(tmp_path, "untrusted")
 
 
 def test_invalid_evidence_json_raises_a_parse_error(tmp_path: Path) -> None:
-    """TO-142: malformed JSON propagates as a JSON error rather than an evidence code."""
+    """Malformed JSON in an evidence file propagates as a JSON ValueError, not as an evidence code."""
     root = write_evidence(tmp_path)
     (root / f"sigabrt-{TOKEN}.receipt.json").write_text("{not json\n")
     with pytest.raises(ValueError) as raised:
@@ -186,7 +187,7 @@ def test_invalid_evidence_json_raises_a_parse_error(tmp_path: Path) -> None:
 
 
 def test_evidence_that_cannot_be_read_safely_is_unavailable(tmp_path: Path) -> None:
-    """TO-142/§14: a symlinked, hard-linked or oversized evidence file fails the first read."""
+    """A symlinked, hard-linked or oversized evidence file fails its first read and makes the evidence unavailable."""
     root = write_evidence(tmp_path)
     target = root / f"child-{TOKEN}.binding.json"
     planted = tmp_path / "planted.json"
@@ -203,7 +204,7 @@ def test_evidence_that_cannot_be_read_safely_is_unavailable(tmp_path: Path) -> N
 
 
 def test_evidence_that_changes_between_reads_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """TO-142: a second read with other bytes means the evidence changed."""
+    """Evidence whose second read returns other bytes is refused as changed."""
     write_evidence(tmp_path)
     real_read = RecoveryFsRoot.read
     reads: list[str] = []
@@ -253,7 +254,9 @@ def test_evidence_that_changes_between_reads_is_refused(tmp_path: Path, monkeypa
 def test_any_mismatch_between_binding_and_receipt_is_untrusted(
     tmp_path: Path, which: str, overrides: dict[str, Any]
 ) -> None:
-    """TO-143: every bound field must match exactly (no booleans for numbers)."""
+    """Any binding or receipt field that does not match exactly, booleans for numbers included, makes the evidence
+    untrusted.
+    """
     if which == "binding":
         write_evidence(tmp_path, binding_value=binding(**overrides))
     else:
@@ -262,7 +265,7 @@ def test_any_mismatch_between_binding_and_receipt_is_untrusted(
 
 
 def test_a_receipt_without_exit_code_is_untrusted_but_an_integer_one_is_fine(tmp_path: Path) -> None:
-    """TO-143: exit_code must be present, either null or an integer."""
+    """A receipt must carry exit_code, either null or an integer."""
     without = receipt()
     del without["exit_code"]
     write_evidence(tmp_path, receipt_value=without)
@@ -272,7 +275,7 @@ def test_a_receipt_without_exit_code_is_untrusted_but_an_integer_one_is_fine(tmp
 
 
 def test_a_symlinked_component_in_the_root_path_is_an_untrusted_root(tmp_path: Path) -> None:
-    """TO-144: the root opener refuses a path through a symlink and the error propagates."""
+    """A lifecycle path through a symlinked directory raises untrusted_root from the root opener."""
     real = tmp_path / "real"
     write_evidence(real)
     (tmp_path / "linked").symlink_to(real)
@@ -281,7 +284,9 @@ def test_a_symlinked_component_in_the_root_path_is_an_untrusted_root(tmp_path: P
 
 
 def test_the_root_reader_refuses_bad_paths_and_odd_files(tmp_path: Path) -> None:
-    """§14: invalid_path, not_found, reparse_point, not_regular_file, hard_link and content_too_large."""
+    """The root reader refuses bad names, missing files, symlinks, non-regular files, hard links and oversized files,
+    each with its code, and proves a good file's identity.
+    """
     (tmp_path / "file").write_text("data\n")
     (tmp_path / "dir").mkdir()
     (tmp_path / "dir" / "inner").write_text("inner\n")
@@ -313,7 +318,9 @@ def test_the_root_reader_refuses_bad_paths_and_odd_files(tmp_path: Path) -> None
 
 
 def test_the_root_descriptor_survives_renaming_the_path(tmp_path: Path) -> None:
-    """§14: reads go through the held descriptor, so a swapped path cannot redirect them."""
+    """Reads go through the held root descriptor, so renaming and replacing the path cannot redirect them, and a closed
+    root refuses reads.
+    """
     original = tmp_path / "root"
     original.mkdir()
     (original / "evidence").write_text("original\n")
@@ -329,7 +336,7 @@ def test_the_root_descriptor_survives_renaming_the_path(tmp_path: Path) -> None:
 
 
 def test_the_root_opener_requires_an_absolute_directory(tmp_path: Path) -> None:
-    """§14: a relative path is invalid; a file or missing component is an untrusted root."""
+    """The root opener refuses a relative path as invalid_path and a file or missing component as untrusted_root."""
     with pytest.raises(TmuxOwnerError, match=r"^invalid_path$"):
         RecoveryFsRoot.open("relative/path")
     (tmp_path / "file").write_text("x")
