@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv test demo bench lint clean
+.PHONY: venv test check demo bench lint clean
 
 venv: $(STAMP)
 
@@ -14,9 +14,15 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test,postgres]'
 	touch $(STAMP)
 
-test: $(STAMP)
-	$(PY) -m ruff check .
+test: check $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Static checks, fast and first: lint, formatting, strict types, the import layering (pyproject.toml).
+check: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 
 demo: $(STAMP)
 	$(VENV)/bin/admission-plane demo
@@ -25,8 +31,7 @@ bench: $(STAMP)
 	mkdir -p bench-results
 	$(PY) -m pytest benchmarks --benchmark-only --benchmark-json=bench-results/benchmarks.json $(PYTEST_ARGS)
 
-lint: $(STAMP)
-	$(PY) -m ruff check .
+lint: check
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .benchmarks bench-results

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import Any, TypeGuard
+from collections.abc import Callable
+from typing import Literal, TypeGuard
 
 from .errors import InvalidInputError
 
@@ -17,21 +18,21 @@ def is_safe_integer(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER
 
 
-def timestamp(value: Any, label: str) -> int:
+def timestamp(value: object, label: str) -> int:
     """A non-negative safe integer (milliseconds since the epoch)."""
     if not is_safe_integer(value) or value < 0:
         raise InvalidInputError(f"{label} must be a non-negative safe integer")
     return value
 
 
-def positive_integer(value: Any, label: str, maximum: int = MAX_SAFE_INTEGER) -> int:
+def positive_integer(value: object, label: str, maximum: int = MAX_SAFE_INTEGER) -> int:
     """A safe integer in ``1..maximum``."""
     if not is_safe_integer(value) or not 1 <= value <= maximum:
         raise InvalidInputError(f"{label} must be a positive safe integer")
     return value
 
 
-def is_identifier(value: Any) -> bool:
+def is_identifier(value: object) -> TypeGuard[str]:
     """1-256 characters, no surrounding whitespace, no control characters."""
     return (
         isinstance(value, str)
@@ -42,17 +43,43 @@ def is_identifier(value: Any) -> bool:
     )
 
 
-def identifier(value: Any, label: str) -> str:
+def identifier(value: object, label: str) -> str:
     """The seed's ``validateIdentifier``."""
     if not is_identifier(value):
         raise InvalidInputError(f"{label} must be a non-empty single-line identifier")
     return value
 
 
-def metadata_text(value: Any, label: str) -> str:
+def metadata_text(value: object, label: str) -> str:
     """The seed's enqueue metadata rule: a string, not blank after trimming, without NUL."""
-    if not isinstance(value, str) or not value.strip() or "\0" in value or not _encodable(value):
+    if not _is_metadata_text(value):
         raise InvalidInputError(f"invalid request metadata {label}")
+    return value
+
+
+def _is_metadata_text(value: object) -> TypeGuard[str]:
+    return isinstance(value, str) and bool(value.strip()) and "\0" not in value and _encodable(value)
+
+
+RequestField = Literal["request_id", "session_id", "fingerprint", "provider", "model"]
+#: The one rule of each text field of a request, for its write (enqueue) and every later read (the
+#: recovery inventory): what one accepts, the other accepts. The seed's enqueue took any non-blank text
+#: without NUL while its inventory refused what is not an identifier, so one such request stopped
+#: recovery for the whole plane; here session, provider and model are identifiers on both sides.
+#: (``request_id`` meets the identifier rule right after, with the journal's message, as in the seed.)
+_REQUEST_FIELD_RULES: dict[RequestField, Callable[[object], bool]] = {
+    "request_id": _is_metadata_text,
+    "session_id": is_identifier,
+    "fingerprint": _is_metadata_text,
+    "provider": is_identifier,
+    "model": is_identifier,
+}
+
+
+def request_field(field: RequestField, value: object) -> str:
+    """A request's ``field`` checked by its one rule; ``invalid request metadata <field>`` otherwise."""
+    if not isinstance(value, str) or not _REQUEST_FIELD_RULES[field](value):
+        raise InvalidInputError(f"invalid request metadata {field}")
     return value
 
 
@@ -61,18 +88,31 @@ def is_owner_instance_id(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and _UUID_V4.fullmatch(value) is not None
 
 
-def owner_instance_id(value: Any) -> str:
+def owner_instance_id(value: object) -> str:
     """A canonical lowercase UUID v4 (owner ids in process records and queued owners)."""
     if not is_owner_instance_id(value):
         raise InvalidInputError("process record owner instance ID must be a canonical UUID v4")
     return value
 
 
-def plaintext(value: Any) -> str:
+def plaintext(value: object) -> str:
     """A prompt: any string that encodes to UTF-8 (lone surrogates are refused)."""
     if not isinstance(value, str) or not _encodable(value):
         raise InvalidInputError("payload plaintext must be a UTF-8 encodable string")
     return value
+
+
+def delay_ms(value: object, label: str) -> float:
+    """A delay in milliseconds: a number above 0 and at most 2**53 - 1 (so never NaN or infinite; never a ``bool``)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_SAFE_INTEGER:
+        raise InvalidInputError(f"{label} must be a positive finite number of milliseconds")
+    return value
+
+
+def hook(value: object, label: str, *, optional: bool = False) -> None:
+    """A callable (or ``None`` when ``optional``): a caller's sleep, clock or callback."""
+    if not callable(value) and not (optional and value is None):
+        raise InvalidInputError(f"{label} must be callable" + (" or None" if optional else ""))
 
 
 def _encodable(value: str) -> bool:

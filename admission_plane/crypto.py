@@ -45,7 +45,8 @@ class SecretKey:
     __slots__ = ("_buffer", "_purpose")
 
     def __init__(self, key: bytes | bytearray | memoryview, purpose: str) -> None:
-        if not isinstance(key, bytes | bytearray | memoryview) or len(key) != KEY_BYTES:
+        given: object = key  # checked as given: callers without type checking may pass anything
+        if not isinstance(given, bytes | bytearray | memoryview) or len(given) != KEY_BYTES:
             raise InvalidInputError(f"admission {purpose} key must be exactly {KEY_BYTES} bytes")
         self._buffer = bytearray(key)
         self._purpose = purpose
@@ -131,10 +132,13 @@ class EventCorrelator:
             key.material(), js_json([_NAMESPACE, "admission-event-correlation", 1]).encode("utf-8"), hashlib.sha256
         )
         prefix.update(b"\x00")
-        self._prefix: Any = prefix
+        self._prefix: hmac.HMAC | None = prefix
 
     def __call__(self, request_id: str) -> str:
-        mac = self._prefix.copy()
+        prefix = self._prefix
+        if prefix is None:  # as before: a forgotten correlator fails with AttributeError
+            raise AttributeError("the event correlator was forgotten")
+        mac = prefix.copy()
         mac.update(request_id.encode("utf-8"))
         return mac.hexdigest()
 

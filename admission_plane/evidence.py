@@ -91,24 +91,25 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _PROCESS_KEYS = ("bootId", "pid", "startTimeTicks", "pidNamespaceInode", "ppid", "pgrp", "session")
 _CONNECTOR_KEYS = ("ownerInstanceId", "createdAt", *_PROCESS_KEYS)
 
-_Validator = Callable[[object, Any, object], None]
+#: An attrs validator of an ``int`` field (it checks whatever it is given, not only ints).
+_IntValidator = Callable[[object, "attrs.Attribute[int]", object], None]
 
 
-def _int_in_range(label: str, minimum: int, maximum: int) -> _Validator:
+def _int_in_range(label: str, minimum: int, maximum: int) -> _IntValidator:
     kind = "positive" if minimum == 1 else "non-negative"
 
-    def check(_instance: object, _attribute: attrs.Attribute[Any], value: object) -> None:
+    def check(_instance: object, _attribute: attrs.Attribute[int], value: object) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= maximum:
             raise InvalidInputError(f"{label} must be a {kind} safe integer")
 
     return check
 
 
-def _positive_int(label: str, maximum: int) -> _Validator:
+def _positive_int(label: str, maximum: int) -> _IntValidator:
     return _int_in_range(label, 1, maximum)
 
 
-def _process_id_or_zero(label: str) -> _Validator:
+def _process_id_or_zero(label: str) -> _IntValidator:
     # The kernel reports 0 for a parent, group or session that lives outside the
     # process's pid namespace (a container's pid 1, or any process whose session leader
     # is on the host side). That is real evidence, not a malformed record.
@@ -125,12 +126,12 @@ def _check_start_time_ticks(_instance: object, _attribute: attrs.Attribute[Any],
         raise InvalidInputError("process start time is invalid")
 
 
-def _check_owner_instance_id(_instance: object, _attribute: object, value: object) -> None:
+def _check_owner_instance_id(_instance: object, _attribute: attrs.Attribute[str] | None, value: object) -> None:
     if not is_owner_instance_id(value):
         raise InvalidInputError("process record owner instance ID must be a canonical UUID v4")
 
 
-def _check_created_at(_instance: object, _attribute: object, value: object) -> None:
+def _check_created_at(_instance: object, _attribute: attrs.Attribute[str] | None, value: object) -> None:
     match = _CREATED_AT.fullmatch(value) if isinstance(value, str) else None
     if match is None:
         raise InvalidInputError("connector creation timestamp must be canonical UTC")
@@ -140,13 +141,16 @@ def _check_created_at(_instance: object, _attribute: object, value: object) -> N
         raise InvalidInputError("connector creation timestamp is invalid")
 
 
-def _check_process(_instance: object, _attribute: object, value: object) -> None:
+def _check_process(_instance: object, _attribute: attrs.Attribute[ProcessIdentity], value: object) -> None:
     if not isinstance(value, ProcessIdentity):
         raise InvalidInputError("connector identity is invalid")
 
 
+_DAYS_IN_MONTH = (0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # indexed by month, as calendar.mdays
+
+
 def _days_in_month(year: int, month: int) -> int:
-    return 29 if month == 2 and calendar.isleap(year) else calendar.mdays[month]
+    return 29 if month == 2 and calendar.isleap(year) else _DAYS_IN_MONTH[month]
 
 
 def _exact_record(value: object, keys: tuple[str, ...], message: str) -> Mapping[str, Any]:
@@ -262,7 +266,8 @@ class ConnectorIdentity:
 
 def format_created_at(epoch_ms: int) -> str:
     """Format epoch milliseconds as JavaScript's ``toISOString()`` does: ``YYYY-MM-DDTHH:MM:SS.mmmZ``."""
-    if not isinstance(epoch_ms, int) or isinstance(epoch_ms, bool) or epoch_ms < 0:
+    given: object = epoch_ms  # checked as given: callers without type checking may pass anything
+    if not isinstance(given, int) or isinstance(given, bool) or given < 0:
         raise InvalidInputError("connector creation time must be a non-negative safe integer")
     try:
         moment = _EPOCH + timedelta(milliseconds=epoch_ms)

@@ -4,13 +4,15 @@ Order: the environment (``ADMISSION_PLANE_ENCRYPTION_KEY`` and
 ``ADMISSION_PLANE_CONTENT_KEY``, 64 hexadecimal characters each, both or neither), else a
 key file holding the same two ``NAME=hex`` lines. The key file lives in the state
 directory unless named; it is created with mode 0600 (in a 0700 directory) only when the
-caller asks for it, and refused when it is a symbolic link, belongs to another user or is
-readable or writable by anyone else. Error messages name the variable or the file, never
-the key material.
+caller asks for it, and refused when it is a symbolic link or not a regular file (a FIFO is
+refused without waiting for a writer), belongs to another user, is readable or writable by
+anyone else, or lies in a directory that anyone else may read or write. The two keys must
+differ. Error messages name the variable or the file, never the key material.
 """
 
 from __future__ import annotations
 
+import hmac
 import os
 import secrets
 import stat
@@ -68,19 +70,22 @@ def load_keys(key_file: str | os.PathLike[str] | None = None, *, create: bool = 
     :class:`~admission_plane.errors.MissingKeyError` (a one-line message) when no key is
     found or a key source is unsafe or malformed.
     """
-    from_environment = _keys_from_environment()
-    if from_environment is not None:
-        return from_environment
-    path = Path(key_file) if key_file is not None else default_key_file()
-    if create and not os.path.lexists(path):
-        generate_key_file(path)
-    return _read_key_file(path)
+    keys = _keys_from_environment()
+    if keys is None:
+        path = Path(key_file) if key_file is not None else default_key_file()
+        if create and not os.path.lexists(path):
+            generate_key_file(path)
+        keys = _read_key_file(path)
+    if hmac.compare_digest(keys.encryption_key, keys.content_fingerprint_key):
+        raise MissingKeyError(f"the two keys from {keys.source} are equal; they must differ")
+    return keys
 
 
 def generate_key_file(path: str | os.PathLike[str]) -> Path:
     """Write two fresh random keys to a new file with mode 0600; never overwrites an existing file."""
     target = Path(path)
     target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _check_directory(target.parent)
     text = f"{ENCRYPTION_KEY_VARIABLE}={secrets.token_hex(32)}\n{CONTENT_KEY_VARIABLE}={secrets.token_hex(32)}\n"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     try:
@@ -111,7 +116,8 @@ def _keys_from_environment() -> KeyPair | None:
 
 def _read_key_file(path: Path) -> KeyPair:
     try:
-        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        # Non-blocking: opening a FIFO for reading would otherwise wait for a writer.
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise MissingKeyError(
             f"no keys: set {ENCRYPTION_KEY_VARIABLE} and {CONTENT_KEY_VARIABLE}, "
@@ -130,6 +136,7 @@ def _read_key_file(path: Path) -> KeyPair:
                 f"key file {path} is accessible by other users (mode {stat.S_IMODE(status.st_mode):04o}); "
                 "run chmod 600 on it"
             )
+        _check_directory(path.parent)
         raw = os.read(descriptor, _MAX_KEY_FILE_BYTES + 1)
     finally:
         os.close(descriptor)
@@ -155,6 +162,21 @@ def _read_key_file(path: Path) -> KeyPair:
         _decode(values[CONTENT_KEY_VARIABLE], f"{CONTENT_KEY_VARIABLE} in {path}"),
         str(path),
     )
+
+
+def _check_directory(directory: Path) -> None:
+    """Refuse a key directory that another user owns or may read or write (it must be 0700)."""
+    try:
+        status = os.stat(directory)
+    except OSError as error:
+        raise MissingKeyError(f"key directory {directory} cannot be inspected: {error.strerror}") from None
+    if status.st_uid != os.geteuid():
+        raise MissingKeyError(f"key directory {directory} belongs to another user")
+    if status.st_mode & 0o077:
+        raise MissingKeyError(
+            f"key directory {directory} is accessible by other users (mode {stat.S_IMODE(status.st_mode):04o}); "
+            "run chmod 700 on it"
+        )
 
 
 def _decode(text: str, label: str) -> bytes:

@@ -7,7 +7,10 @@ revision for revision. A database written by the original connector carries the 
 inside the transaction of the first migration step, so adoption and the step that follows
 commit or roll back together. It refuses, changing nothing, a ledger newer than this code,
 admission tables without any version record, an ``alembic_version`` that disagrees with
-the ledger, and (on SQLite) an engine too old for ``ALTER TABLE RENAME COLUMN``.
+the ledger, (on SQLite) an engine too old for ``ALTER TABLE RENAME COLUMN``, and a database
+holding tables it does not own unless ``allow_foreign_tables=True``. One migration runs at a
+time per database (:mod:`admission_plane.store.migration_lock`). A database that cannot be
+reached or read raises a one-line :class:`~admission_plane.errors.AdmissionDatabaseError`.
 
 The service layer calls :func:`upgrade` with its engine; operators run ``alembic upgrade
 head`` from the project root (``-x url=...``, else ``ADMISSION_PLANE_DATABASE_URL``, else
@@ -17,10 +20,12 @@ head`` from the project root (``-x url=...``, else ``ADMISSION_PLANE_DATABASE_UR
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+import sqlite3
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import sqlalchemy as sa
 from alembic import command
@@ -34,9 +39,16 @@ from sqlalchemy.pool import NullPool
 
 from .clock import wall_clock_ms
 from .errors import AdmissionMigrationError
-from .store.engine import DATABASE_URL_VARIABLE, create_admission_engine, deferred
+from .store.engine import (
+    DATABASE_URL_VARIABLE,
+    DEFAULT_BUSY_TIMEOUT_MS,
+    create_admission_engine,
+    deferred,
+    parse_url,
+)
+from .store.failures import check_sqlite_path, connect, database_error, translated
 from .store.model import ADMISSION_TABLES
-from .store.schema_spec import EXPECTED_REVISION, LEDGER
+from .store.schema_spec import EXPECTED_REVISION, LEDGER, foreign_tables
 
 __all__ = [
     "HEAD_REVISION",
@@ -68,6 +80,7 @@ MIN_SQLITE_VERSION = (3, 25, 0)
 MIN_SQLITE_DROP_COLUMN_VERSION = (3, 35, 0)
 #: The seed's wording for any failure inside a migration step (also used for v3 steps).
 STEP_ROLLED_BACK = "v2 DDL transaction rolled back"
+_SQLITE_TABLES_AND_VIEWS = "SELECT name FROM sqlite_master WHERE type IN ('table', 'view')"
 
 DatabaseTarget = str | os.PathLike[str] | URL | Engine | Connection
 
@@ -97,20 +110,43 @@ def alembic_config(url: str | os.PathLike[str] | URL | None = None, connection: 
     return config
 
 
-def upgrade(target: DatabaseTarget, revision: str = "head") -> None:
-    """Upgrade (or adopt and upgrade) the database to ``revision``; each step is one transaction."""
-    with _connection_for(target) as connection:
-        command.upgrade(alembic_config(connection=connection), revision)
+def upgrade(target: DatabaseTarget, revision: str = "head", *, allow_foreign_tables: bool = False) -> None:
+    """Upgrade (or adopt and upgrade) the database to ``revision``; each step is one transaction.
+
+    A database holding tables the plane does not own (another application's) is refused
+    before anything is written, unless ``allow_foreign_tables`` lets the plane share it.
+    One migration runs at a time per database; a concurrent one waits for it (see
+    :mod:`admission_plane.store.migration_lock`). A missing SQLite file is created.
+    """
+    with _connection_for(target, must_exist=False, allow_foreign_tables=allow_foreign_tables) as connection:
+        command.upgrade(_migration_config(connection, allow_foreign_tables), revision)
 
 
-def downgrade(target: DatabaseTarget, revision: str) -> None:
-    """Downgrade the database to ``revision`` (``"base"`` drops every admission table)."""
-    with _connection_for(target) as connection:
-        command.downgrade(alembic_config(connection=connection), revision)
+def downgrade(target: DatabaseTarget, revision: str, *, allow_foreign_tables: bool = False) -> None:
+    """Downgrade the database to ``revision`` (``"base"`` drops every admission table).
+
+    Refuses, as :func:`upgrade` does, a database holding foreign tables unless ``allow_foreign_tables``.
+    """
+    with _connection_for(target, allow_foreign_tables=allow_foreign_tables) as connection:
+        command.downgrade(_migration_config(connection, allow_foreign_tables), revision)
+
+
+def _migration_config(connection: Connection, allow_foreign_tables: bool) -> Config:
+    config = alembic_config(connection=connection)
+    config.attributes["allow_foreign_tables"] = allow_foreign_tables
+    return config
 
 
 def current_revision(target: DatabaseTarget) -> str | None:
-    """The revision recorded in ``alembic_version``, or ``None`` (fresh, or a seed database not yet adopted)."""
+    """The revision recorded in ``alembic_version``, or ``None`` (fresh, or a seed database not yet adopted).
+
+    A missing SQLite file (in an existing directory) is fresh: ``None``, and it is not created.
+    """
+    if not isinstance(target, Connection):
+        url = target.url if isinstance(target, Engine) else parse_url(target)
+        check_sqlite_path(url, must_exist=False)
+        if url.get_backend_name() == "sqlite" and url.database and not os.path.lexists(url.database):
+            return None
     with _connection_for(target, read_only=True) as connection:
         revision = MigrationContext.configure(connection).get_current_revision()
         if connection.in_transaction():
@@ -119,17 +155,52 @@ def current_revision(target: DatabaseTarget) -> str | None:
 
 
 @contextmanager
-def _connection_for(target: DatabaseTarget, *, read_only: bool = False) -> Iterator[Connection]:
+def _connection_for(
+    target: DatabaseTarget, *, read_only: bool = False, must_exist: bool = True, allow_foreign_tables: bool = True
+) -> Iterator[Connection]:
+    """A connection on ``target``; every failure to reach or read the database said in one line.
+
+    A missing SQLite file is refused (``must_exist``) before a connection could create it,
+    and a file holding foreign tables (unless allowed) before the engine's connection
+    switches it to WAL: a refused database is left byte for byte as it was.
+    """
     if isinstance(target, Connection):
         yield target
         return
-    engine = target if isinstance(target, Engine) else create_admission_engine(target, poolclass=NullPool)
+    url = target.url if isinstance(target, Engine) else parse_url(target)
+    check_sqlite_path(url, must_exist=must_exist)
+    if not allow_foreign_tables:
+        _refuse_foreign_sqlite_tables(url)
+    engine = target if isinstance(target, Engine) else create_admission_engine(url, poolclass=NullPool)
     try:
-        with engine.connect() as connection:
+        with connect(engine) as connection, translated(url, engine.dialect):
             yield deferred(connection) if read_only else connection
     finally:
         if engine is not target:
             engine.dispose()
+
+
+def _refuse_foreign_sqlite_tables(url: URL) -> None:
+    """Read an existing SQLite file's table names with a plain driver connection (no pragma, no write)."""
+    if url.get_backend_name() != "sqlite" or not url.database or not os.path.isfile(url.database):
+        return
+    uri = f"file:{quote(os.path.abspath(url.database))}?mode=rw"
+    try:
+        with closing(sqlite3.connect(uri, uri=True, timeout=DEFAULT_BUSY_TIMEOUT_MS / 1000)) as connection:
+            names = [name for (name,) in connection.execute(_SQLITE_TABLES_AND_VIEWS)]
+    except sqlite3.Error as error:
+        raise database_error(url, error) from error
+    _refuse_foreign(names)
+
+
+def _refuse_foreign(names: Iterable[str]) -> None:
+    foreign = foreign_tables(names)
+    if foreign:
+        listed = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise AdmissionMigrationError(
+            f"the database holds tables it does not own: {listed}; give the admission plane a database of its "
+            "own, or allow sharing with allow_foreign_tables=True (--allow-foreign-tables on the command line)"
+        )
 
 
 def resolve_url(config: Config, x_arguments: Mapping[str, str]) -> str | URL:
@@ -179,13 +250,16 @@ def assert_drop_column_available(version: str) -> None:
 # --- Guards and adoption (called by env.py before any revision runs) ------------------------
 
 
-def prepare_migration(context: MigrationContext, script: ScriptDirectory) -> None:
+def prepare_migration(
+    context: MigrationContext, script: ScriptDirectory, *, allow_foreign_tables: bool = False
+) -> None:
     """Check the database may be migrated, and stamp a seed database's ledger version.
 
     Runs in the transaction that the first migration step will reuse (on SQLite,
     ``BEGIN IMMEDIATE``, so the decision and the step hold the write lock together).
     Raises :class:`AdmissionMigrationError` and changes nothing when the database is
-    newer than this code, unversioned, inconsistent, or on too old an SQLite.
+    newer than this code, unversioned, inconsistent, on too old an SQLite, or holds
+    tables or views the plane does not own (unless ``allow_foreign_tables``).
     """
     connection = context.connection
     assert connection is not None
@@ -193,7 +267,10 @@ def prepare_migration(context: MigrationContext, script: ScriptDirectory) -> Non
     if is_sqlite:
         assert_rename_column_available(read_sqlite_version(connection))
         _assert_in_explicit_sqlite_transaction(connection)
-    tables = set(sa.inspect(connection).get_table_names())
+    inspector = sa.inspect(connection)
+    tables = set(inspector.get_table_names())
+    if not allow_foreign_tables:
+        _refuse_foreign(tables.union(inspector.get_view_names()))
     ledger = _read_ledger(connection) if LEDGER_TABLE in tables else None
     ledger_version = max((version for version, _ in ledger), default=0) if ledger is not None else 0
     if ledger_version > len(SEED_LEDGER):

@@ -51,6 +51,10 @@ class EventKind(StrEnum):
     REQUEST_RECOVERY_SEAT_RELEASED = "request_recovery_seat_released"
     QUEUED_OWNER_DEAD = "queued_owner_dead"
     POLICY_DRAIN_COMPLETED = "policy_drain_completed"
+    # Beyond the seed:
+    LEASE_OWNER_DEAD = "lease_owner_dead"
+    OPERATOR_SEAT_RELEASED = "operator_seat_released"
+    RECOVERY_ROW_RETAINED = "recovery_row_retained"
 
 
 class DrainState(StrEnum):
@@ -69,6 +73,10 @@ class DrainState(StrEnum):
 ABSENT = "absent"
 #: The correlation input of policy events (they concern no request).
 POLICY_EVENT_ID = "policy-state"
+#: The journal's states of a recovery row the reaper could not trust and left alone (it names no request).
+UNTRUSTED, RETAINED = "untrusted", "retained"
+#: The correlation input of those events: never the row's own ids, which are exactly what cannot be trusted.
+RECOVERY_ROW_EVENT_ID = "recovery-inventory"
 
 
 class LeaseEffect(enum.Enum):
@@ -150,6 +158,14 @@ TRANSITIONS: tuple[Transition, ...] = (
         [DrainState.STEADY.journal_token],
         L.NONE,
     ),
+    # Beyond the seed. A connector proved gone before its dispatch intent wrote no prompt: its turn ends.
+    *_edges(K.LEASE_OWNER_DEAD, [S.ADMITTED, S.STARTING], [S.CANCELLED], L.DELETE, C.SEAT | C.START_SLOT),
+    # The operator frees a seat evidence cannot (a host gone for good): never a requeue, never a replay.
+    *_edges(K.OPERATOR_SEAT_RELEASED, [S.ADMITTED, S.STARTING], [S.CANCELLED], L.DELETE, C.SEAT | C.START_SLOT),
+    *_edges(K.OPERATOR_SEAT_RELEASED, [S.DISPATCH_INTENT], [S.RECOVERY_REQUIRED], L.DELETE, C.SEAT | C.START_SLOT),
+    *_edges(K.OPERATOR_SEAT_RELEASED, [*_STARTED, S.RECOVERY_REQUIRED], [S.RECOVERY_REQUIRED], L.DELETE, C.SEAT),
+    # A recovery row the reaper could not trust: reported, changed in no way.
+    *_edges(K.RECOVERY_ROW_RETAINED, [UNTRUSTED], [RETAINED], L.NONE),
 )
 
 _BY_EDGE: dict[tuple[str, str, str], Transition] = {(t.event, t.source, t.target): t for t in TRANSITIONS}
@@ -201,6 +217,14 @@ ABANDONABLE_PHASES: frozenset[RequestState] = _sources(EventKind.REQUEST_ABANDON
 EXECUTION_RECOVERY_PHASES: frozenset[RequestState] = _sources(EventKind.REQUEST_RECOVERY_REQUIRED)
 #: Phases whose seat the reaper may release once every process is proved gone.
 RELEASABLE_PHASES: frozenset[RequestState] = _sources(EventKind.REQUEST_RECOVERY_SEAT_RELEASED)
+#: Phases whose seat the reaper frees once the connector holding the lease is proved gone (no prompt yet).
+OWNER_DEATH_PHASES: frozenset[RequestState] = _sources(EventKind.LEASE_OWNER_DEAD)
+#: How the turn of a lease whose holder was proved gone ends (the table has exactly one outcome).
+(OWNER_DEATH_OUTCOME,) = _outcomes(EventKind.LEASE_OWNER_DEAD)
+#: Where the operator's release leaves a request, by the phase of its lease (every seat phase has one).
+OPERATOR_RELEASE_OUTCOMES: dict[RequestState, RequestState] = {
+    S(t.source): S(t.target) for t in TRANSITIONS if t.event is EventKind.OPERATOR_SEAT_RELEASED
+}
 #: Terminal request states: never left again.
 TERMINAL_STATES: frozenset[RequestState] = _terminal()
 #: Outcomes a live turn or a pre-prompt abandonment may end with.
@@ -235,6 +259,11 @@ def _check_table() -> None:
         leaves_window = t.source in START_WINDOW_PHASES and t.target not in START_WINDOW_PHASES
         if t.lease is LeaseEffect.MOVE and leaves_window != (Capacity.START_SLOT in t.frees):
             raise AssertionError(f"{t}: a move out of the start window frees the start slot")
+    if OWNER_DEATH_PHASES != BEFORE_DISPATCH_PHASES:
+        raise AssertionError("an owner's death ends a turn exactly where no prompt can have been written")
+    operator = [t.source for t in TRANSITIONS if t.event is EventKind.OPERATOR_SEAT_RELEASED]
+    if len(operator) != len(set(operator)) or set(operator) != SEAT_PHASES:
+        raise AssertionError("the operator's release has exactly one edge from every seat phase")
 
 
 _check_table()
@@ -275,14 +304,20 @@ __all__ = [
     "EVENT_TRANSITIONS",
     "EXECUTION_RECOVERY_PHASES",
     "LIVE_OUTCOMES",
+    "OPERATOR_RELEASE_OUTCOMES",
+    "OWNER_DEATH_OUTCOME",
+    "OWNER_DEATH_PHASES",
     "PAYLOAD_DELETED_STATES",
     "POLICY_EVENT_ID",
+    "RECOVERY_ROW_EVENT_ID",
     "RELEASABLE_PHASES",
+    "RETAINED",
     "SEAT_PHASES",
     "STARTING_PHASES",
     "START_WINDOW_PHASES",
     "TERMINAL_STATES",
     "TRANSITIONS",
+    "UNTRUSTED",
     "Capacity",
     "DrainState",
     "EventKind",

@@ -18,24 +18,34 @@ if TYPE_CHECKING:
 E = TypeVar("E", bound=Enum)
 
 
-def _identifier(label: str):  # type: ignore[no-untyped-def]
+def _identifier(label: str) -> Callable[[object, attrs.Attribute[str], object], None]:
     def check(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
         v.identifier(value, label)
 
     return check
 
 
-def _enum(enum_type: type[E], message: str) -> Callable[[object], E]:
-    def convert(value: object) -> E:
-        try:
-            return enum_type(value)
-        except ValueError:
-            raise InvalidInputError(message) from None
-
-    return convert
+def _enum(enum_type: type[E], value: object, message: str) -> E:
+    try:
+        return enum_type(value)
+    except ValueError:
+        raise InvalidInputError(message) from None
 
 
-def _positive(label: str):  # type: ignore[no-untyped-def]
+# attrs converters are named functions so that mypy's attrs plugin can read their types.
+def _prompt_channel(value: object) -> PromptChannel:
+    return _enum(PromptChannel, value, "prompt channel must be stdin or pty")
+
+
+def _failure_category(value: object) -> FailureCategory:
+    return _enum(FailureCategory, value, "live turn failure category is invalid")
+
+
+def _completion_outcome(value: object) -> RequestState:
+    return _enum(RequestState, value, "live turn completion outcome is invalid")
+
+
+def _positive(label: str) -> Callable[[object, attrs.Attribute[int], object], None]:
     def check(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
         v.positive_integer(value, label)
 
@@ -126,12 +136,15 @@ class DispatchRecord:
     owner_instance_id: str = attrs.field(validator=_uuid_owner)
     connector: ConnectorIdentity = attrs.field()
     child: ProcessIdentity = attrs.field()
-    prompt_channel: PromptChannel = attrs.field(converter=_enum(PromptChannel, "prompt channel must be stdin or pty"))
+    prompt_channel: PromptChannel = attrs.field(converter=_prompt_channel)
 
     def __attrs_post_init__(self) -> None:
         from .evidence import ConnectorIdentity, ProcessIdentity
 
-        if not isinstance(self.connector, ConnectorIdentity) or not isinstance(self.child, ProcessIdentity):
+        # Checked as given: callers without type checking may pass anything.
+        connector: object = self.connector
+        child: object = self.child
+        if not isinstance(connector, ConnectorIdentity) or not isinstance(child, ProcessIdentity):
             raise InvalidInputError("dispatch record needs a ConnectorIdentity and a ProcessIdentity")
         if self.connector.owner_instance_id != self.owner_instance_id:
             raise InvalidInputError("dispatch record connector owner does not match the lease owner")
@@ -163,7 +176,7 @@ class DispatchIntentResult:
 class LiveTurnFailure:
     """Why a live turn failed (``provider_capacity`` starts a cooldown of its provider/model)."""
 
-    category: FailureCategory = attrs.field(converter=_enum(FailureCategory, "live turn failure category is invalid"))
+    category: FailureCategory = attrs.field(converter=_failure_category)
     http_status: int | None = attrs.field(default=None, validator=_http_status)
     code: str | None = attrs.field(default=None, validator=_signal)
     reason: str | None = attrs.field(default=None, validator=_signal)
@@ -173,7 +186,7 @@ class LiveTurnFailure:
 class LiveTurnCompletion:
     """How a live turn ended: ``completed``, ``cancelled``, or ``failed`` with an optional failure."""
 
-    outcome: RequestState = attrs.field(converter=_enum(RequestState, "live turn completion outcome is invalid"))
+    outcome: RequestState = attrs.field(converter=_completion_outcome)
     failure: LiveTurnFailure | None = None
 
     def __attrs_post_init__(self) -> None:
@@ -188,12 +201,12 @@ class LiveTurnCompletion:
 def abandon_outcome(value: object) -> RequestState:
     """``failed`` or ``cancelled``: the outcomes of a pre-prompt abandonment."""
     try:
-        outcome = RequestState(value)
+        outcome = RequestState(value) if isinstance(value, str) else None  # a non-string is never a state
     except ValueError:
         outcome = None
     if outcome not in ABANDON_OUTCOMES:
         raise InvalidInputError("pre-prompt abandonment outcome must be failed or cancelled")
-    return outcome  # type: ignore[return-value]
+    return outcome
 
 
 @attrs.frozen
@@ -247,7 +260,12 @@ class SanitizedEvent:
 
 @attrs.frozen
 class ReaperSummary:
-    """What one reaper pass did."""
+    """What one reaper pass did.
+
+    ``inspected`` counts the leases it judged (each then ``released`` or ``retained``);
+    ``untrusted`` (beyond the seed) counts inventory rows, leases or queued owners, that did
+    not validate: each was journalled without identifiers and left exactly as it was.
+    """
 
     inspected: int = 0
     released: int = 0
@@ -255,3 +273,40 @@ class ReaperSummary:
     marked_recovery_required: int = 0
     suspected: int = 0
     queued_settled: int = 0
+    untrusted: int = 0
+
+
+@attrs.frozen
+class LeaseHolder:
+    """The recorded identity of the connector that holds a lease before its dispatch intent.
+
+    ``owner`` is what the lease's owner instance recorded when it enqueued or admitted a
+    request (its queued-owner record); ``host_id`` is the host that captured it.
+    """
+
+    request_id: str
+    owner: ConnectorIdentity
+    host_id: str | None = None
+
+
+@attrs.frozen
+class RecoveryInventory:
+    """The recovery inventory read row by row, as the reaper judges it.
+
+    Unlike :meth:`~admission_plane.AdmissionPlane.list_recoverable_dispatches`, which fails
+    as a whole, a row that does not validate only adds to ``untrusted``; every other row
+    is here. ``holders`` are the recorded holders of the leases before their dispatch intent.
+    """
+
+    queued_owners: tuple[RecoverableQueuedOwner, ...] = ()
+    dispatches: tuple[RecoverableDispatch, ...] = ()
+    holders: tuple[LeaseHolder, ...] = ()
+    untrusted: int = 0
+
+
+@attrs.frozen
+class ReleasedLease:
+    """What the operator's release did: the lease's phase before it, and the request's state after (never queued)."""
+
+    phase: RequestState
+    outcome: RequestState

@@ -1,7 +1,7 @@
 """Shared pieces of the benchmark suite: sizes, the turn driver, databases and the results registry.
 
 Two modes: the full run (``make bench``) and a quick mode (``BENCH_QUICK=1``, used by
-``tests/test_benchmarks_quick.py``) that runs every benchmark once with tiny sizes and
+``tests/end_to_end/test_benchmarks_quick.py``) that runs every benchmark once with tiny sizes and
 asserts only correctness. Timings are taken here with :func:`time.perf_counter` in both
 modes, so the summary ratios (``bench-results/ratios.json``) do not depend on
 pytest-benchmark's own statistics, which a disabled run does not produce.

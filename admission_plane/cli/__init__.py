@@ -1,7 +1,7 @@
 """``admission-plane``: the operator's command line.
 
 Commands: ``db upgrade|downgrade|current|check``, ``keys init``, ``status``, ``events``,
-``reap`` and ``demo``. Every command takes ``--db`` (a URL or an SQLite path; default
+``reap``, ``release`` and ``demo``. Every command takes ``--db`` (a URL or an SQLite path; default
 ``$ADMISSION_PLANE_DATABASE_URL``, else ``admission.sqlite`` in the state directory).
 Keys come from the environment or the key file (see :mod:`admission_plane.keys`), never
 from the command line, and are never printed.

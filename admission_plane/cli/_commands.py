@@ -8,15 +8,20 @@ import os
 from pathlib import Path
 
 import attrs
+import sqlalchemy as sa
 from alembic import command
 from alembic.util import CommandError
+from sqlalchemy.engine import URL
+from sqlalchemy.pool import NullPool
 
-from ..errors import AdmissionError
+from ..errors import AdmissionDatabaseError, AdmissionError, MissingKeyError
 from ..keys import ENCRYPTION_KEY_VARIABLE, default_key_file, generate_key_file
 from ..migrate import HEAD_REVISION, alembic_config, current_revision, downgrade, upgrade
 from ..policy import Policy
 from ..store.engine import create_admission_engine
+from ..store.failures import connect, is_corruption, sqlite_integrity_problems, translated
 from ..store.schema_check import check_schema
+from ..store.schema_spec import foreign_tables
 from ..store.status import read_status
 from ._common import (
     EXIT_FOUND_PROBLEM,
@@ -38,12 +43,16 @@ from ._common import (
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     """Create, upgrade or adopt the schema; create the key file when no keys exist yet."""
     url = database_url(args, must_exist=False)
-    upgrade(url, args.revision)
+    upgrade(url, args.revision, allow_foreign_tables=args.allow_foreign_tables)
     revision = current_revision(url)
     created = None
     key_file = Path(args.key_file) if args.key_file else default_key_file()
     if ENCRYPTION_KEY_VARIABLE not in os.environ and not os.path.lexists(key_file):
-        created = str(generate_key_file(key_file))
+        try:
+            created = str(generate_key_file(key_file))
+        except MissingKeyError:
+            if not os.path.lexists(key_file):
+                raise  # not created by another `db upgrade` running at the same time
     message = f"database {shown(url)} is at revision {revision}"
     if created:
         message += f"\ncreated key file {created} (mode 0600)"
@@ -54,7 +63,7 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 def cmd_db_downgrade(args: argparse.Namespace) -> int:
     """Downgrade the schema to a revision."""
     url = database_url(args)
-    downgrade(url, args.revision)
+    downgrade(url, args.revision, allow_foreign_tables=args.allow_foreign_tables)
     revision = current_revision(url)
     emit(
         args,
@@ -78,11 +87,16 @@ def cmd_db_current(args: argparse.Namespace) -> int:
 
 
 def cmd_db_check(args: argparse.Namespace) -> int:
-    """Compare the schema with the model and run the integrity check (exit 1 on drift)."""
+    """Run SQLite's own integrity check, compare the schema with the model and run the schema
+    integrity check (exit 1 on corruption or drift)."""
     url = database_url(args)
+    check_sqlite_integrity(url)
     assert_migrated(url)
+    if not args.allow_foreign_tables:
+        refuse_foreign_tables(url)
     try:
         config = alembic_config(url=url)
+        config.attributes["allow_foreign_tables"] = args.allow_foreign_tables
         config.stdout = io.StringIO()  # alembic prints its own verdict; we print ours
         command.check(config)
     except CommandError as error:
@@ -91,7 +105,7 @@ def cmd_db_check(args: argparse.Namespace) -> int:
     try:
         with engine.connect() as connection:
             try:
-                check_schema(connection)
+                check_schema(connection, allow_foreign_tables=args.allow_foreign_tables)
             except AdmissionError as error:
                 raise CommandFailed(str(error), EXIT_FOUND_PROBLEM) from None
             finally:
@@ -102,6 +116,42 @@ def cmd_db_check(args: argparse.Namespace) -> int:
         args, {"database": shown(url), "ok": True}, f"database {shown(url)} is at head and matches the schema contract"
     )
     return EXIT_OK
+
+
+def refuse_foreign_tables(url: URL) -> None:
+    """Fail the check (exit 1), in one line, when the database holds another application's tables."""
+    engine = create_admission_engine(url, poolclass=NullPool)
+    try:
+        with connect(engine) as connection, translated(url, engine.dialect):
+            inspector = sa.inspect(connection)
+            foreign = foreign_tables([*inspector.get_table_names(), *inspector.get_view_names()])
+    finally:
+        engine.dispose()
+    if foreign:
+        raise CommandFailed(
+            f"database {shown(url)} holds tables the admission plane does not own: {', '.join(foreign)} "
+            "(if it is shared with another application, check it with --allow-foreign-tables)",
+            EXIT_FOUND_PROBLEM,
+        )
+
+
+def check_sqlite_integrity(url: URL) -> None:
+    """``PRAGMA integrity_check`` of an SQLite file; a corrupt file fails the check (exit 1)."""
+    if url.get_backend_name() != "sqlite":
+        return
+    engine = create_admission_engine(url, poolclass=NullPool)
+    try:
+        with connect(engine) as connection, translated(url, engine.dialect):
+            problems = sqlite_integrity_problems(connection)
+    except AdmissionDatabaseError as error:
+        if not is_corruption(error):
+            raise
+        problems = [str(error)]
+    finally:
+        engine.dispose()
+    if problems:
+        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+        raise CommandFailed(f"SQLite integrity check failed for {shown(url)}: {problems[0]}{more}", EXIT_FOUND_PROBLEM)
 
 
 def cmd_keys_init(args: argparse.Namespace) -> int:
@@ -185,7 +235,15 @@ def cmd_reap(args: argparse.Namespace) -> int:
     finally:
         plane.close()
     data = attrs.asdict(summary)
-    emit(args, data, "reaper pass: " + ", ".join(f"{name.replace('_', ' ')} {value}" for name, value in data.items()))
+    text = "reaper pass: " + ", ".join(f"{name.replace('_', ' ')} {value}" for name, value in data.items())
+    if summary.untrusted:
+        rows = "row" if summary.untrusted == 1 else "rows"
+        text += (
+            f"\n{summary.untrusted} recovery {rows} could not be trusted: left as they are and journalled "
+            f"(recovery_row_retained); every other lease was judged. Free such a seat by hand with "
+            f"`admission-plane release LEASE_ID` once you have checked it."
+        )
+    emit(args, data, text)
     return EXIT_OK
 
 

@@ -19,7 +19,7 @@ from ..evidence import format_created_at
 from ..keys import KeyPair, load_keys, state_directory
 from ..migrate import current_revision
 from ..plane import AdmissionPlane
-from ..store.engine import DATABASE_URL_VARIABLE, create_admission_engine, parse_url
+from ..store.engine import DATABASE_URL_VARIABLE, create_admission_engine, parse_url, redacted_url
 from ..values import SanitizedEvent
 
 PROG = "admission-plane"
@@ -54,10 +54,10 @@ def database_url(args: argparse.Namespace, *, must_exist: bool = True) -> URL:
 
 
 def shown(url: URL) -> str:
-    """How a database is named in output: an SQLite file by its path, a server URL without its password."""
+    """How a database is named in output: an SQLite file by its path, a server URL without any password."""
     if url.get_backend_name() == "sqlite" and url.database:
         return url.database
-    return url.render_as_string(hide_password=True)
+    return redacted_url(url)
 
 
 def assert_migrated(url: URL) -> None:
@@ -88,6 +88,7 @@ def open_plane(args: argparse.Namespace, *, keys: bool = False) -> AdmissionPlan
         url,
         encryption_key=None if key_pair is None else key_pair.encryption_key,
         content_fingerprint_key=None if key_pair is None else key_pair.content_fingerprint_key,
+        allow_foreign_tables=getattr(args, "allow_foreign_tables", False),
     )
 
 

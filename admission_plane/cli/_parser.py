@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import threading
 
 from ..store.engine import DATABASE_URL_VARIABLE
 from ._commands import (
@@ -17,6 +18,7 @@ from ._commands import (
     cmd_status,
 )
 from ._common import PROG, default_database
+from ._release import cmd_release
 
 
 def _positive(text: str) -> int:
@@ -39,6 +41,16 @@ def _non_negative(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value <= threading.TIMEOUT_MAX:  # refuses NaN and infinities too: --follow would spin or crash
+        raise argparse.ArgumentTypeError("must be a positive finite number of seconds")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``admission-plane`` (every command has ``--help``)."""
     common = argparse.ArgumentParser(add_help=False)
@@ -52,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--key-file",
         metavar="PATH",
         help="key file (default: the state directory's; the environment's keys win when set)",
+    )
+
+    sharing = argparse.ArgumentParser(add_help=False)
+    sharing.add_argument(
+        "--allow-foreign-tables",
+        action="store_true",
+        help="the database is shared with another application's tables (by default it must be the plane's own)",
     )
 
     parser = argparse.ArgumentParser(
@@ -70,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     db_commands = db.add_subparsers(dest="db_command", metavar="ACTION", required=True)
     upgrade = db_commands.add_parser(
         "upgrade",
-        parents=[common],
+        parents=[common, sharing],
         help="create or upgrade the schema",
         description="Create or upgrade (or adopt a seed database) to REVISION; "
         "creates the key file when no keys exist yet.",
@@ -79,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     upgrade.set_defaults(handler=cmd_db_upgrade)
     downgrade = db_commands.add_parser(
         "downgrade",
-        parents=[common],
+        parents=[common, sharing],
         help="downgrade the schema",
         description="Downgrade to REVISION ('base' drops every admission table).",
     )
@@ -94,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     current.set_defaults(handler=cmd_db_current)
     check = db_commands.add_parser(
         "check",
-        parents=[common],
+        parents=[common, sharing],
         help="verify the schema (exit 1 on drift)",
         description="Compare the database with the model (alembic check) and run "
         "the fail-closed schema integrity check.",
@@ -113,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser(
         "status",
-        parents=[common],
+        parents=[common, sharing],
         help="queue, seats, leases, cooldowns, drain",
         description="Queue depth, oldest wait, seats in use against the policy, "
         "leases by phase with suspects, active cooldowns, drain state.",
@@ -122,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     events = commands.add_parser(
         "events",
-        parents=[common],
+        parents=[common, sharing],
         help="read the sanitized journal",
         description="Print the identifier-free event journal, oldest first.",
     )
@@ -136,18 +155,30 @@ def build_parser() -> argparse.ArgumentParser:
     events.add_argument("--limit", type=_positive, default=100, metavar="N", help="page size, 1..1000 (default 100)")
     events.add_argument("--follow", "-f", action="store_true", help="keep printing new events until interrupted")
     events.add_argument(
-        "--interval", type=float, default=0.5, metavar="SECONDS", help="polling interval of --follow (default 0.5)"
+        "--interval", type=_seconds, default=0.5, metavar="SECONDS", help="polling interval of --follow (default 0.5)"
     )
     events.set_defaults(handler=cmd_events)
 
     reap = commands.add_parser(
         "reap",
-        parents=[common],
+        parents=[common, sharing],
         help="run one reaper pass with live /proc evidence",
         description="Release seats whose connector, child and process group are "
         "proved gone; mark suspects; never requeue.",
     )
     reap.set_defaults(handler=cmd_reap)
+
+    release = commands.add_parser(
+        "release",
+        parents=[common, sharing],
+        help="free one lease's seat by hand (no evidence needed)",
+        description="Free the seat of lease LEASE_ID where no process evidence can: a host gone for good, or a "
+        "recovery_required seat checked by hand. Asks on a terminal unless --yes. The request is never "
+        "requeued: it ends cancelled before its dispatch intent, else stays recovery_required without a seat.",
+    )
+    release.add_argument("lease_id", metavar="LEASE_ID", help="the lease to release (leases.lease_id)")
+    release.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    release.set_defaults(handler=cmd_release)
 
     demo = commands.add_parser(
         "demo",

@@ -1,8 +1,8 @@
 """The service layer: every operation of the plane, one module per job.
 
 :class:`AdmissionService` is the thin façade (construction, close, one line per
-operation); :class:`admission_plane.AdmissionPlane` adds the turn API and the reaper on
-top of it. The jobs:
+operation; the recovery operations beyond the seed are its base in :mod:`._facade_recovery`);
+:class:`admission_plane.AdmissionPlane` adds the turn API and the reaper on top of it. The jobs:
 
 * :mod:`._admission` — the admission rule: expiry, capacity, selection, reservation, and
   the waiter's look; :mod:`._waiting` — waiting on the doorbell;
@@ -12,7 +12,8 @@ top of it. The jobs:
 * :mod:`._transitions` — the one function that applies an edge of
   :data:`admission_plane.states.TRANSITIONS`; :mod:`._journal` — the audit journal;
 * :mod:`._policy` — the durable policy and its soft drain; :mod:`._reads` /
-  :mod:`._inventory` — reads and the fail-closed recovery inventory;
+  :mod:`._inventory` — reads and the recovery inventory (fail-closed listings, and the
+  reaper's row-by-row reading);
 * :mod:`._context` — what every job shares (engine, keys, policy, clock, identity).
 """
 

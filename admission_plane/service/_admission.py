@@ -41,6 +41,7 @@ from ..store.tx import Tx
 from ..values import AdmittedLease
 from . import _policy
 from ._context import PlaneContext
+from ._enqueue import record_admitting_owner
 from ._transitions import NewLease, QueuedRequest, change
 
 S = RequestState
@@ -120,6 +121,7 @@ def admit_in_transaction(
         return None
     lease = NewLease(str(uuid.uuid4()), candidate.request_id, candidate.lease_generation + 1, owner_instance_id)
     change(ctx, tx, lease, EventKind.REQUEST_ADMITTED, S.ADMITTED, now)
+    record_admitting_owner(ctx, tx, owner_instance_id, now)
     return AdmittedLease(lease.lease_id, lease.request_id, lease.generation, owner_instance_id)
 
 

@@ -7,6 +7,7 @@ hands it to the job modules of this package; each public operation is one call o
 
 from __future__ import annotations
 
+import hmac
 import threading
 from collections.abc import Callable
 from typing import TypeVar
@@ -16,7 +17,7 @@ from sqlalchemy import Engine
 
 from ..clock import Clock
 from ..crypto import EventCorrelator, SecretKey
-from ..errors import AdmissionStateError, MissingKeyError
+from ..errors import AdmissionStateError, InvalidInputError, MissingKeyError
 from ..evidence import ConnectorIdentity
 from ..policy import Policy
 from ..store.doorbell import Doorbell, ListeningDoorbell
@@ -45,6 +46,10 @@ class PlaneKeys:
         self._content = (
             None if content_fingerprint_key is None else SecretKey(content_fingerprint_key, "content fingerprint")
         )
+        if self._encryption is not None and self._content is not None and _same(self._encryption, self._content):
+            self._encryption.wipe()
+            self._content.wipe()
+            raise InvalidInputError("admission encryption and content fingerprint keys must differ")
         self._correlate = None if self._content is None else EventCorrelator(self._content)
 
     @property
@@ -84,6 +89,11 @@ class PlaneKeys:
             self._correlate.forget()
 
 
+def _same(first: SecretKey, second: SecretKey) -> bool:
+    """Whether two keys hold the same bytes (compared in constant time)."""
+    return hmac.compare_digest(first.material(), second.material())
+
+
 class PlaneContext:
     """One plane's configuration and resources, shared by its job modules (thread-safe)."""
 
@@ -108,6 +118,8 @@ class PlaneContext:
         self.clock = clock
         self.faults = faults
         self.doorbell = doorbell
+        #: Whether ``owner_identity`` is known to be recorded (a queued-owner row is never deleted).
+        self.owner_recorded = False
         self._owns_engine = owns_engine
         self._closed = False
         self._close_lock = threading.Lock()

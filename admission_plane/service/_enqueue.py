@@ -1,4 +1,8 @@
-"""Entering the queue: a request's metadata, the connector that enqueued it, and leaving before admission."""
+"""Entering the queue: a request's metadata, the connector that enqueued it, and leaving before admission.
+
+It also keeps the record of the connector that admits a request (:func:`record_admitting_owner`):
+the identity the reaper judges a lease's holder by before any dispatch evidence exists.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from ..store.statements.requests import (
     INSERT_QUEUED_OWNER,
     INSERT_REQUEST,
     LEASE_EXISTS_FOR_REQUEST,
+    RECORD_OWNER,
     SELECT_QUEUED_OWNER,
     SELECT_REQUEST_META,
     SELECT_REQUEST_STATUS,
@@ -49,15 +54,17 @@ class Metadata:
 def metadata(
     request_id: str, session_id: str, agent_id: str, fingerprint: str, provider: str, model: str, now: int
 ) -> Metadata:
-    """Validate an enqueue's arguments in the original's order (each failure its own message)."""
-    for label, value in (
-        ("request_id", request_id),
-        ("session_id", session_id),
-        ("fingerprint", fingerprint),
-        ("provider", provider),
-        ("model", model),
-    ):
-        v.metadata_text(value, label)
+    """Validate an enqueue's arguments in the original's order (each failure its own message).
+
+    Each text field meets the one rule the recovery inventory reads it back with
+    (:func:`admission_plane._validate.request_field`), so no accepted request can later
+    make recovery refuse its row.
+    """
+    v.request_field("request_id", request_id)
+    v.request_field("session_id", session_id)
+    v.request_field("fingerprint", fingerprint)
+    v.request_field("provider", provider)
+    v.request_field("model", model)
     if not isinstance(agent_id, str):
         raise InvalidInputError("invalid request metadata agent_id")
     v.identifier(agent_id, "request metadata agent_id")
@@ -132,6 +139,22 @@ def bind_owner(
     params = {"request_id": request_id, "owner_instance_id": connector.owner_instance_id, "now": now}
     if tx.execute(BIND_QUEUED_OWNER, params) != 1:
         raise AdmissionConflictError()
+
+
+def record_admitting_owner(ctx: PlaneContext, tx: Tx, owner_instance_id: str, now: int) -> None:
+    """Record this plane's connector identity when it admits under its own owner instance.
+
+    Until the connector records a dispatch intent, this record is the only evidence of the
+    process that holds the lease (a connector that enqueued its request recorded it then).
+    A record is never deleted, so once one is seen the plane stops looking.
+    """
+    identity = ctx.owner_identity
+    if ctx.owner_recorded or owner_instance_id != identity.owner_instance_id:
+        return
+    if tx.one(SELECT_QUEUED_OWNER, {"owner_instance_id": owner_instance_id}) is not None:
+        ctx.owner_recorded = True
+        return
+    tx.execute(RECORD_OWNER, {**_owner_values(identity), "now": now, "host_id": ctx.host_id})
 
 
 def require_queued(tx: Tx, request_id: str) -> RequestStatus:

@@ -17,8 +17,8 @@ from ..host import default_host_id
 from ..policy import Policy
 from ..states import EventKind, RequestState, SuspectReason
 from ..store.doorbell import open_doorbell
-from ..store.engine import create_admission_engine
-from ..store.schema_check import check_schema, schema_version
+from ..store.engine import redacted_url
+from ..store.schema_check import schema_version
 from ..values import (
     AdmittedLease,
     DispatchIntentResult,
@@ -34,19 +34,23 @@ from ..values import (
 )
 from . import _admission, _dispatch, _enqueue, _journal, _lifecycle, _payloads, _policy, _reads, _waiting
 from ._context import FaultInjection, PlaneContext, PlaneKeys
+from ._facade_recovery import RecoveryOperations
+from ._opening import open_engine, open_schema
 
 S, K = RequestState, EventKind
 Fence = LeaseFence | AdmittedLease
 
 
-class AdmissionService:
+class AdmissionService(RecoveryOperations):
     """A durable, cross-process admission plane for agent turns (the operations; see :class:`AdmissionPlane`).
 
     Open it on a database URL (``sqlite:///path`` or ``postgresql+psycopg://...``), a
     filesystem path (an SQLite file) or an :class:`~sqlalchemy.Engine`. The schema must be
     at Alembic head (``alembic upgrade head``) unless ``migrate=True``; the integrity check
     runs on open and refuses a drifted database with
-    :class:`~admission_plane.errors.SchemaIntegrityError`.
+    :class:`~admission_plane.errors.SchemaIntegrityError`. A missing SQLite file is refused
+    (not created) unless ``migrate=True``; a database shared with another application's
+    tables needs ``allow_foreign_tables=True`` (as its migration did).
 
     Keys are 32 bytes: ``encryption_key`` seals payloads, ``content_fingerprint_key``
     keys the content, policy and journal HMACs (journalled operations need it). The plane
@@ -69,6 +73,7 @@ class AdmissionService:
         migrate: bool = False,
         clock: Clock = wall_clock_ms,
         host_id: str | None = None,
+        allow_foreign_tables: bool = False,
     ) -> None:
         policy = Policy() if policy is None else policy
         if not isinstance(policy, Policy):
@@ -81,8 +86,7 @@ class AdmissionService:
         elif not isinstance(owner_identity, ConnectorIdentity):
             raise InvalidInputError("owner identity must be a ConnectorIdentity")
         host = default_host_id() if host_id is None else v.identifier(host_id, "host ID")
-        owns = not isinstance(database, Engine)
-        engine = create_admission_engine(database) if not isinstance(database, Engine) else database
+        engine, owns = open_engine(database, migrate=migrate)
         self._ctx = PlaneContext(
             engine=engine,
             owns_engine=owns,
@@ -92,21 +96,14 @@ class AdmissionService:
             host_id=host,
             clock=clock,
             faults=fault_injection or FaultInjection(),
-            doorbell=open_doorbell(engine),
+            doorbell=None,
         )
         try:
-            self._open_schema(migrate)
+            open_schema(engine, migrate=migrate, allow_foreign_tables=allow_foreign_tables)
+            self._ctx.doorbell = open_doorbell(engine)  # its -writer.lock file only next to a sound database
         except BaseException:
             self.close()
             raise
-
-    def _open_schema(self, migrate: bool) -> None:
-        if migrate:
-            from ..migrate import upgrade
-
-            upgrade(self.engine)
-        with self.engine.connect() as connection:
-            check_schema(connection)
 
     # --- the plane itself ----------------------------------------------------------------------
 
@@ -146,7 +143,7 @@ class AdmissionService:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.engine.url.render_as_string(hide_password=True)} {self.policy}>"
+        return f"<{type(self).__name__} {redacted_url(self.engine.url)} {self.policy}>"
 
     # --- the queue -----------------------------------------------------------------------------
 
@@ -257,7 +254,9 @@ class AdmissionService:
         look itself with the same back-off.
 
         ``on_wait(now)`` is called after every look that did not admit (e.g. to show the
-        queue position). ``now`` comes from the plane's clock.
+        queue position). ``now`` comes from the plane's clock. Delays that are not positive
+        finite numbers, and a ``sleep`` or ``on_wait`` that cannot be called, raise
+        :class:`~admission_plane.errors.InvalidInputError` before the first look.
         """
         return _waiting.wait_for_admission(
             self._ctx,

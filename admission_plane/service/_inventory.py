@@ -1,46 +1,95 @@
 """Turning durable recovery rows into trusted values, fail closed.
 
-Any row that does not validate makes the whole listing raise
-:class:`~admission_plane.errors.RecoverableDispatchInventoryError`: recovery must never
-act on a partly trusted inventory.
+For the listings (``list_recoverable_dispatches``, ``list_recoverable_queued_owners``) any
+row that does not validate makes the whole listing raise
+:class:`~admission_plane.errors.RecoverableDispatchInventoryError`, the seed's contract.
+The reaper reads the same rows one by one (:func:`triage`): a row that does not validate
+is counted and never acted on, and cannot keep every other lease from being judged.
+Request fields are checked by the same rules enqueue used to accept them
+(:func:`admission_plane._validate.request_field`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 from .. import _validate as v
 from ..errors import InvalidInputError, RecoverableDispatchInventoryError
 from ..evidence import ConnectorIdentity, ProcessIdentity
 from ..states import BEFORE_DISPATCH_PHASES, SEAT_PHASES, PromptChannel, RequestState
 from ..store.rows import DispatchRow, QueuedOwnerRow
-from ..values import DispatchProcessIdentity, DispatchRecord, LeaseFence, RecoverableDispatch, RecoverableQueuedOwner
+from ..values import (
+    DispatchProcessIdentity,
+    DispatchRecord,
+    LeaseFence,
+    LeaseHolder,
+    RecoverableDispatch,
+    RecoverableQueuedOwner,
+    RecoveryInventory,
+)
 
 _RECORD_KEYS = frozenset({"requestId", "leaseId", "generation", "ownerInstanceId", "processIdentity", "promptChannel"})
+_UNTRUSTED = (InvalidInputError, TypeError, ValueError)
+Row = TypeVar("Row")
+Entry = TypeVar("Entry")
 
 
 def dispatch_from_row(row: DispatchRow) -> RecoverableDispatch:
     """One ``LIST_DISPATCHES`` row as a :class:`RecoverableDispatch`."""
     try:
         return _dispatch(row)
-    except (InvalidInputError, TypeError, ValueError):
+    except _UNTRUSTED:
         raise RecoverableDispatchInventoryError() from None
 
 
 def queued_owner_from_row(row: QueuedOwnerRow) -> RecoverableQueuedOwner:
     """One ``LIST_QUEUED_OWNERS`` row as a :class:`RecoverableQueuedOwner`."""
     try:
-        request_id = v.identifier(row.request_id, "recoverable queued-owner request ID")
-        connector = _connector(
-            row.owner_instance_id,
-            row.created_at,
-            _process(row.boot_id, row.pid, row.start_time_ticks, row.pid_namespace_inode, row.ppid, row.pgrp,
-                     row.session),
-        )  # fmt: skip
-        return RecoverableQueuedOwner(request_id=request_id, owner=connector, host_id=_host(row.host_id))
-    except (InvalidInputError, TypeError, ValueError):
+        return _queued_owner(row)
+    except _UNTRUSTED:
         raise RecoverableDispatchInventoryError() from None
+
+
+def triage(
+    queued_owners: Iterable[QueuedOwnerRow], dispatches: Iterable[DispatchRow], holders: Iterable[QueuedOwnerRow]
+) -> RecoveryInventory:
+    """The rows of ``LIST_QUEUED_OWNERS``, ``LIST_DISPATCHES`` and ``LIST_LEASE_HOLDERS``, each judged alone."""
+    owners, bad_owners = _each(queued_owners, _queued_owner)
+    leases, bad_leases = _each(dispatches, _dispatch)
+    held, bad_holders = _each(holders, _holder)
+    return RecoveryInventory(owners, leases, held, bad_owners + bad_leases + bad_holders)
+
+
+def _each(rows: Iterable[Row], convert: Callable[[Row], Entry]) -> tuple[tuple[Entry, ...], int]:
+    """Every row that converts, and how many did not."""
+    entries: list[Entry] = []
+    untrusted = 0
+    for row in rows:
+        try:
+            entries.append(convert(row))
+        except _UNTRUSTED:
+            untrusted += 1
+    return tuple(entries), untrusted
+
+
+def _queued_owner(row: QueuedOwnerRow) -> RecoverableQueuedOwner:
+    return RecoverableQueuedOwner(*_owner_entry(row, "recoverable queued-owner request ID"))
+
+
+def _holder(row: QueuedOwnerRow) -> LeaseHolder:
+    return LeaseHolder(*_owner_entry(row, "lease holder request ID"))
+
+
+def _owner_entry(row: QueuedOwnerRow, label: str) -> tuple[str, ConnectorIdentity, str | None]:
+    """A recorded connector identity row: the request it concerns, the identity, the recording host."""
+    request_id = v.identifier(row.request_id, label)
+    connector = _connector(
+        row.owner_instance_id,
+        row.created_at,
+        _process(row.boot_id, row.pid, row.start_time_ticks, row.pid_namespace_inode, row.ppid, row.pgrp, row.session),
+    )
+    return request_id, connector, _host(row.host_id)
 
 
 def dispatch_record_from_mapping(value: object) -> DispatchRecord:
@@ -83,9 +132,9 @@ def _dispatch(row: DispatchRow) -> RecoverableDispatch:
         raise InvalidInputError("nonterminal lease/request state mismatch")
     return RecoverableDispatch(
         request_id=request_id,
-        session_id=v.identifier(row.session_id, "recoverable dispatch session ID"),
-        provider=v.identifier(row.provider, "recoverable dispatch provider"),
-        model=v.identifier(row.model, "recoverable dispatch model"),
+        session_id=v.request_field("session_id", row.session_id),
+        provider=v.request_field("provider", row.provider),
+        model=v.request_field("model", row.model),
         fence=fence,
         phase=lease_phase,
         heartbeat_at=row.heartbeat_at,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import _validate as v
 from ..errors import AdmissionStateError, InvalidInputError
-from ..states import EVENT_STATES, EventKind, is_allowed_transition
+from ..states import EVENT_STATES, RECOVERY_ROW_EVENT_ID, RETAINED, UNTRUSTED, EventKind, is_allowed_transition
 from ..store.rows import EventRow
 from ..store.statements.journal import INSERT_EVENT, SELECT_EVENTS
 from ..store.tx import Tx
@@ -31,6 +31,22 @@ def record(ctx: PlaneContext, tx: Tx, kind: str, request_id: str, from_state: st
             "correlation_hmac": ctx.keys.correlation(request_id),
         },
     )
+
+
+def record_untrusted_rows(ctx: PlaneContext, count: int, now: int) -> None:
+    """Journal one ``recovery_row_retained`` event per recovery row the reaper could not trust.
+
+    The events name no row: what identifies a row is exactly what could not be trusted, so
+    they are correlated with a fixed input, as policy events are. The rows are not touched.
+    """
+    v.positive_integer(count, "untrusted recovery row count")
+    v.timestamp(now, "untrusted recovery row timestamp")
+
+    def work(tx: Tx) -> None:
+        for _ in range(count):
+            record(ctx, tx, EventKind.RECOVERY_ROW_RETAINED, RECOVERY_ROW_EVENT_ID, UNTRUSTED, RETAINED, now)
+
+    ctx.run(work)
 
 
 def read_page(ctx: PlaneContext, after_event_seq: int, limit: int) -> tuple[SanitizedEvent, ...]:

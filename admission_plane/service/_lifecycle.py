@@ -13,6 +13,9 @@ from ..errors import AdmissionStateError, InvalidInputError, LeaseFenceError, Un
 from ..states import (
     ABANDONABLE_PHASES,
     EXECUTION_RECOVERY_PHASES,
+    OPERATOR_RELEASE_OUTCOMES,
+    OWNER_DEATH_OUTCOME,
+    OWNER_DEATH_PHASES,
     RELEASABLE_PHASES,
     EventKind,
     FailureCategory,
@@ -33,7 +36,7 @@ from ..store.statements.leases import (
 )
 from ..store.statements.requests import SELECT_REQUEST_META
 from ..store.tx import Tx
-from ..values import AdmittedLease, LeaseFence, LiveTurnCompletion, abandon_outcome
+from ..values import AdmittedLease, LeaseFence, LiveTurnCompletion, ReleasedLease, abandon_outcome
 from ._context import PlaneContext
 from ._policy import complete_drain_if_settled
 from ._transitions import change
@@ -152,6 +155,46 @@ def release_exited_recovery_seat(ctx: PlaneContext, fence: LeaseFence, now: int)
     ctx.run(work)
 
 
+def settle_owner_death(ctx: PlaneContext, fence: LeaseFence, now: int) -> None:
+    """Free the seat of a lease whose holder was proved gone before its dispatch intent; the turn ends.
+
+    Before the dispatch intent no prompt can have been written, so nothing is uncertain:
+    the request ends ``cancelled`` (never back in the queue) and its payload is deleted. A
+    lease that moved on meanwhile is refused (its phase and fence are checked in the same
+    transaction as the delete).
+    """
+    v.timestamp(now, "lease owner death timestamp")
+
+    def work(tx: Tx) -> None:
+        lease = _in_phase(tx, fence, OWNER_DEATH_PHASES, "lease is not before its dispatch intent")
+        _free_seat(ctx, tx, lease, K.LEASE_OWNER_DEAD, OWNER_DEATH_OUTCOME, now)
+
+    ctx.run(work)
+
+
+def release_by_operator(ctx: PlaneContext, lease_id: str, now: int) -> ReleasedLease:
+    """Free one lease's seat on the operator's word, where no evidence can (a host gone for good).
+
+    The request ends as :data:`~admission_plane.states.OPERATOR_RELEASE_OUTCOMES` says for
+    the lease's phase: ``cancelled`` before the dispatch intent, else ``recovery_required``
+    without a seat; it is never requeued and its payload is deleted.
+    """
+    v.identifier(lease_id, "operator release lease ID")
+    v.timestamp(now, "operator release timestamp")
+
+    def work(tx: Tx) -> ReleasedLease:
+        lease = tx.one(SELECT_LEASE, {"lease_id": lease_id})
+        if lease is None:
+            raise UnknownLeaseError()
+        outcome = OPERATOR_RELEASE_OUTCOMES.get(lease.phase)
+        if outcome is None:
+            raise AdmissionStateError("lease is not in a seat phase")
+        _free_seat(ctx, tx, lease, K.OPERATOR_SEAT_RELEASED, outcome, now)
+        return ReleasedLease(S(lease.phase), outcome)
+
+    return ctx.run(work)
+
+
 def complete_live_turn(ctx: PlaneContext, fence: LeaseFence, now: int, completion: LiveTurnCompletion) -> None:
     """Record an ``active`` turn's outcome and free its seat; a capacity failure cools its model down."""
     v.timestamp(now, "live turn completion timestamp")
@@ -201,8 +244,8 @@ def set_capacity_cooldown(ctx: PlaneContext, provider: str, model: str, not_befo
     """Hold back ``provider``/``model`` until ``not_before``; a cooldown is never shortened."""
     if not v.is_safe_integer(not_before) or not v.is_safe_integer(now) or not_before < now:
         raise InvalidInputError("capacity cooldown must use integer timestamps and cannot end before it is recorded")
-    v.metadata_text(provider, "provider")
-    v.metadata_text(model, "model")
+    v.request_field("provider", provider)  # the rules of the requests it holds back
+    v.request_field("model", model)
     params = {"provider": provider, "model": model, "not_before": not_before, "now": now}
 
     def work(tx: Tx) -> None:

@@ -140,6 +140,6 @@ def _assert_matches(tx: Tx, policy: Policy, fingerprint_hex: str) -> None:
 
 
 def _integer(value: object, label: str) -> int:
-    if not v.is_safe_integer(value) or value < 0:  # type: ignore[operator]  # is_safe_integer proved an int
+    if not v.is_safe_integer(value) or value < 0:
         raise AdmissionRuntimeError(f"{label} is invalid")
-    return value  # type: ignore[return-value]  # is_safe_integer proved an int
+    return value

@@ -6,12 +6,12 @@ from .. import _validate as v
 from ..states import RequestState
 from ..store.statements.admission import COOLDOWN_UNTIL, COUNT_AHEAD, COUNT_ELIGIBLE_AHEAD, SELECT_QUEUED_ENTRY
 from ..store.statements.dispatch import LIST_DISPATCHES
-from ..store.statements.requests import LIST_QUEUED_OWNERS, SELECT_REQUEST
+from ..store.statements.requests import LIST_LEASE_HOLDERS, LIST_QUEUED_OWNERS, SELECT_REQUEST
 from ..store.tx import Tx
-from ..values import QueueSnapshot, RecoverableDispatch, RecoverableQueuedOwner, StoredRequest
+from ..values import QueueSnapshot, RecoverableDispatch, RecoverableQueuedOwner, RecoveryInventory, StoredRequest
 from ._admission import expire_queued
 from ._context import PlaneContext
-from ._inventory import dispatch_from_row, queued_owner_from_row
+from ._inventory import dispatch_from_row, queued_owner_from_row, triage
 
 
 def get_request(ctx: PlaneContext, request_id: str) -> StoredRequest | None:
@@ -68,3 +68,12 @@ def recoverable_queued_owners(ctx: PlaneContext) -> tuple[RecoverableQueuedOwner
     """Queued requests with the connector identity that enqueued them."""
     rows = ctx.run(lambda tx: tx.all(LIST_QUEUED_OWNERS), read_only=True)
     return tuple(queued_owner_from_row(row) for row in rows)
+
+
+def recovery_inventory(ctx: PlaneContext) -> RecoveryInventory:
+    """Queued owners, leases and the holders of leases before their dispatch intent, each row judged alone."""
+
+    def work(tx: Tx) -> RecoveryInventory:
+        return triage(tx.all(LIST_QUEUED_OWNERS), tx.all(LIST_DISPATCHES), tx.all(LIST_LEASE_HOLDERS))
+
+    return ctx.run(work, read_only=True)

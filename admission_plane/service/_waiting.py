@@ -36,6 +36,10 @@ def wait_for_admission(
     if timeout_ms is not None:
         v.timestamp(timeout_ms, "admission wait timeout")
     v.positive_integer(fallback_ms, "admission wait fallback")
+    v.delay_ms(initial_delay_ms, "admission wait initial delay")
+    v.delay_ms(max_delay_ms, "admission wait maximum delay")
+    v.hook(sleep, "admission wait sleep")
+    v.hook(on_wait, "admission wait on_wait", optional=True)
     deadline = None if timeout_ms is None else ctx.clock() + timeout_ms
     doorbell = ctx.doorbell
     delay = initial_delay_ms / 1000

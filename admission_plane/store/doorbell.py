@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import errno
 import logging
 import os
+import stat
 import struct
 import threading
 from collections.abc import Callable
@@ -46,6 +48,7 @@ from typing import Any
 import attrs
 from sqlalchemy import Engine
 
+from ..errors import AdmissionDatabaseError
 from .engine import writer_lock_path
 
 _log = logging.getLogger(__name__)
@@ -135,6 +138,40 @@ def ring(fd: int, delta: Chimes) -> None:
         pass
 
 
+#: Errors of ``open`` meaning "something other than a regular file is at the path".
+_NOT_A_FILE = frozenset({errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.ENODEV})
+
+
+def open_gate_file(path: str) -> int | None:
+    """Open the writer-gate file ``path`` for reading and writing (created with mode 0600 if missing).
+
+    Never through a symbolic link (``O_NOFOLLOW``) and never anything but a regular file
+    (``fstat``): a link, FIFO, directory or device there raises
+    :class:`~admission_plane.errors.AdmissionDatabaseError`, since the file's first bytes
+    are rewritten. ``None`` when it cannot be opened otherwise (an unwritable directory):
+    callers then do without it.
+    """
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as error:
+        if error.errno in _NOT_A_FILE:
+            raise _not_a_file(path) from None
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _not_a_file(path)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _not_a_file(path: str) -> AdmissionDatabaseError:
+    return AdmissionDatabaseError(f"writer lock file {path} is not a regular file (refusing to use it)")
+
+
 class Doorbell:
     """A waiter's read handle on one database's doorbell (the writer-gate file at ``path``).
 
@@ -150,13 +187,9 @@ class Doorbell:
 
     @classmethod
     def open(cls, path: str | None) -> Doorbell | None:
-        """The doorbell of the gate file ``path`` (created if missing), or ``None``."""
-        if path is None:
-            return None
-        try:
-            return cls(path, os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
-        except OSError:
-            return None
+        """The doorbell of the gate file ``path`` (created if missing), or ``None``; see :func:`open_gate_file`."""
+        fd = None if path is None else open_gate_file(path)
+        return None if path is None or fd is None else cls(path, fd)
 
     def read(self) -> Chimes | None:
         """The counters now, or ``None`` if they cannot be read (or the doorbell is closed)."""
@@ -202,6 +235,8 @@ class ListeningDoorbell:
             pooled = engine.raw_connection()
             pooled.detach()
             connection = pooled.dbapi_connection
+            if connection is None:  # only an invalidated pooled connection has none; _listen retries
+                raise ConnectionError("the pool gave out an invalidated connection")
             connection.rollback()  # leave any transaction the pool's ping may have opened
             connection.autocommit = True
             return connection
@@ -211,14 +246,17 @@ class ListeningDoorbell:
     def read(self) -> Chimes | None:
         """The counters now, or ``None`` while the listener is not (yet) listening."""
         if self._thread is None:
-            with self._lock:
-                if self._thread is None and not self._stop.is_set():
-                    self._thread = threading.Thread(target=self._listen, name="admission-plane-doorbell", daemon=True)
-                    self._thread.start()
+            self._start_listening()
         if not self._ready.is_set():
             return None
         with self._lock:
             return self._chimes
+
+    def _start_listening(self) -> None:
+        with self._lock:  # checked again under the lock: another thread may have started it
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(target=self._listen, name="admission-plane-doorbell", daemon=True)
+                self._thread.start()
 
     def _count(self, delta: Chimes) -> None:
         with self._lock:

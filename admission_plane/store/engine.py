@@ -21,11 +21,13 @@ it (:func:`deferred` asks for the read-only form).
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
+from urllib.parse import quote_plus
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, Connection, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from ..errors import InvalidInputError
 
@@ -35,6 +37,9 @@ DEFAULT_BUSY_TIMEOUT_MS = 5_000
 SQLITE_BEGIN_OPTION = "sqlite_begin"
 #: How an SQLite transaction begins: a writer takes the write lock first, a reader does not.
 SQLITE_BEGIN = {"IMMEDIATE": "BEGIN IMMEDIATE", "DEFERRED": "BEGIN"}
+#: Query-string parameters whose values :func:`redacted_url` masks (matched anywhere in the name).
+SECRET_PARAMETER = re.compile("password|passwd|pwd|secret|token", re.IGNORECASE)
+MASK = "***"
 
 
 def parse_url(url: str | URL | os.PathLike[str]) -> URL:
@@ -53,8 +58,8 @@ def parse_url(url: str | URL | os.PathLike[str]) -> URL:
             return URL.create("sqlite+pysqlite", database=os.path.abspath(text))
         try:
             parsed = make_url(text)
-        except ArgumentError as error:
-            raise InvalidInputError(f"invalid database URL: {error}") from None
+        except (ArgumentError, ValueError) as error:  # ValueError: a port that is not a number
+            raise InvalidInputError(f"invalid database URL: {' '.join(str(error).split())}") from None
     backend = parsed.get_backend_name()
     if backend == "sqlite":
         if not parsed.database or parsed.database == ":memory:":
@@ -77,19 +82,28 @@ def create_admission_engine(
 ) -> Engine:
     """Create an engine configured for the admission plane (see the module docstring)."""
     parsed = parse_url(url)
-    if isinstance(busy_timeout_ms, bool) or not isinstance(busy_timeout_ms, int) or busy_timeout_ms < 0:
+    given: object = busy_timeout_ms  # checked as given: callers without type checking may pass anything
+    if isinstance(given, bool) or not isinstance(given, int) or given < 0:
         raise InvalidInputError("busy_timeout_ms must be a non-negative integer")
     if parsed.get_backend_name() == "sqlite":
         connect_args = dict(engine_options.pop("connect_args", {}))
         connect_args.setdefault("check_same_thread", False)
         # The driver's busy handler waits this long for the write lock (seconds).
         connect_args.setdefault("timeout", busy_timeout_ms / 1000)
-        engine = create_engine(parsed, connect_args=connect_args, **engine_options)
+        engine = _create_engine(parsed, connect_args=connect_args, **engine_options)
         _install_sqlite_hooks(engine, busy_timeout_ms)
         return engine
     engine_options.setdefault("isolation_level", "READ COMMITTED")
     engine_options.setdefault("pool_pre_ping", True)
-    return create_engine(parsed, **engine_options)
+    return _create_engine(parsed, **engine_options)
+
+
+def _create_engine(url: URL, **options: Any) -> Engine:
+    try:
+        return create_engine(url, **options)
+    except (NoSuchModuleError, ImportError) as error:  # an unknown dialect, or its driver is not installed
+        detail = " ".join(str(error).split())
+        raise InvalidInputError(f"invalid database URL: driver {url.drivername} is not available ({detail})") from None
 
 
 def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:
@@ -121,3 +135,22 @@ def writer_lock_path(engine: Engine) -> str | None:
     if engine.dialect.name != "sqlite" or not engine.url.database:
         return None
     return f"{engine.url.database}-writer.lock"
+
+
+def redacted_url(url: str | URL) -> str:
+    """``url`` as shown to people (output, ``repr``, messages): every password masked with ``***``.
+
+    The password of the user information and the value of every query parameter whose name
+    contains ``password``, ``passwd``, ``pwd``, ``secret`` or ``token`` (any case) are masked;
+    the rest is rendered as SQLAlchemy renders it (query parameters sorted by name).
+    """
+    parsed = url if isinstance(url, URL) else make_url(url)
+    text = parsed.set(query={}).render_as_string(hide_password=True)
+    if not parsed.query:
+        return text
+    pairs = [
+        f"{quote_plus(name)}={MASK if SECRET_PARAMETER.search(name) else quote_plus(value)}"
+        for name, values in sorted(parsed.query.items())
+        for value in ((values,) if isinstance(values, str) else values)
+    ]
+    return f"{text}?{'&'.join(pairs)}"

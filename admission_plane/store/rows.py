@@ -2,16 +2,28 @@
 
 Each record's fields are its query's column labels in order (checked where the query is
 defined, see :class:`~admission_plane.store.tx.Query`), so a row is built in exactly one
-place, :meth:`Tx.one <admission_plane.store.tx.Tx.one>`, and read by name everywhere
-else. Values are the driver's, unvalidated: a row read from the database is only trusted
-after the service layer checked it.
+place, :meth:`Tx.one <admission_plane.store.tx.Tx.one>` (through :meth:`Row.from_row`),
+and read by name everywhere else.
+
+``from_row`` checks what the readers rely on: each column's storage type (SQLite keeps any
+value in any column, so a corrupted row may hold text where a blob or an integer belongs)
+and that a state is one of :class:`~admission_plane.states.RequestState`. A row that fails
+raises the documented error for a row that cannot be trusted: :class:`PayloadIntegrityError`
+for a payload, :class:`SchemaIntegrityError` otherwise, never a raw ``TypeError``. Records
+whose readers validate every field themselves, with their own documented errors (the
+recovery inventory, the journal, the durable policy), are built unchecked. Values are
+otherwise the driver's: the service layer still checks ranges and formats.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import attrs
+
+from ..errors import AdmissionError, PayloadIntegrityError, SchemaIntegrityError
+from ..states import RequestState
 
 __all__ = [
     "Candidate",
@@ -28,14 +40,76 @@ __all__ = [
     "RequestMeta",
     "RequestRow",
     "RequestStatus",
+    "Row",
     "WaiterEntry",
 ]
 
+Check = Callable[[object], bool]
+_STATES = frozenset(str(state) for state in RequestState)
+
+
+def _is_text(value: object) -> bool:
+    return isinstance(value, str)
+
+
+def _is_integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_blob(value: object) -> bool:
+    return isinstance(value, bytes | bytearray | memoryview)
+
+
+def _is_state(value: object) -> bool:
+    return isinstance(value, str) and value in _STATES
+
+
+def _is_text_or_none(value: object) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _checks(
+    *, text: str = "", integer: str = "", blob: str = "", state: str = "", text_or_none: str = ""
+) -> dict[str, Check]:
+    """Column -> check, from the space-separated column names of each kind."""
+    kinds: dict[Check, str] = {
+        _is_text: text, _is_integer: integer, _is_blob: blob, _is_state: state, _is_text_or_none: text_or_none
+    }  # fmt: skip
+    return {name: check for check, names in kinds.items() for name in names.split()}
+
+
+class Row:
+    """Base of the records: :meth:`from_row` builds one from a driver row, checking it first."""
+
+    __slots__ = ()
+    #: Column -> check of its stored value (empty: the reader validates every field itself).
+    CHECKS: ClassVar[Mapping[str, Check]] = {}
+
+    if TYPE_CHECKING:
+        __attrs_attrs__: ClassVar[Any]
+
+        def __init__(self, *values: Any) -> None: ...
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> Self:
+        """The record of ``row``; :meth:`untrusted` if a column fails its check."""
+        record = cls(*row)
+        for name, check in cls.CHECKS.items():
+            if not check(getattr(record, name)):
+                raise cls.untrusted(name)
+        return record
+
+    @classmethod
+    def untrusted(cls, column: str) -> AdmissionError:
+        """The error for a row whose ``column`` cannot be trusted (one line, naming no value)."""
+        return SchemaIntegrityError(f"a stored row holds an invalid {column}")
+
 
 @attrs.frozen
-class RequestMeta:
+class RequestMeta(Row):
     """A request's immutable metadata (what an idempotent enqueue compares)."""
 
+    CHECKS = _checks(text="session_id agent_id fingerprint provider model")
     session_id: Any
     agent_id: Any
     fingerprint: Any
@@ -44,9 +118,12 @@ class RequestMeta:
 
 
 @attrs.frozen
-class RequestRow:
+class RequestRow(Row):
     """A request's metadata, state and enqueue time."""
 
+    CHECKS = _checks(
+        text="request_id session_id agent_id fingerprint provider model", state="state", integer="enqueued_at"
+    )
     request_id: Any
     session_id: Any
     agent_id: Any
@@ -58,17 +135,19 @@ class RequestRow:
 
 
 @attrs.frozen
-class RequestStatus:
+class RequestStatus(Row):
     """A request's state and the connector it is bound to while queued."""
 
+    CHECKS = _checks(state="state", text_or_none="queued_owner_instance_id")
     state: Any
     queued_owner_instance_id: Any
 
 
 @attrs.frozen
-class PayloadRow:
+class PayloadRow(Row):
     """A sealed prompt as stored."""
 
+    CHECKS = _checks(blob="nonce ciphertext auth_tag", integer="key_version expires_at", text="content_fingerprint")
     nonce: Any
     ciphertext: Any
     auth_tag: Any
@@ -76,11 +155,20 @@ class PayloadRow:
     content_fingerprint: Any
     expires_at: Any
 
+    @classmethod
+    def untrusted(cls, column: str) -> AdmissionError:
+        """A payload that cannot be trusted fails like a tampered one."""
+        return PayloadIntegrityError()
+
 
 @attrs.frozen
-class OwnerRow:
+class OwnerRow(Row):
     """A queued owner's recorded connector identity."""
 
+    CHECKS = _checks(
+        text="owner_instance_id created_at boot_id start_time_ticks",
+        integer="pid pid_namespace_inode ppid pgrp session",
+    )
     owner_instance_id: Any
     created_at: Any
     boot_id: Any
@@ -93,7 +181,7 @@ class OwnerRow:
 
 
 @attrs.frozen
-class QueuedOwnerRow:
+class QueuedOwnerRow(Row):
     """A queued request and the identity of the connector that enqueued it."""
 
     request_id: Any
@@ -110,26 +198,29 @@ class QueuedOwnerRow:
 
 
 @attrs.frozen
-class Candidate:
+class Candidate(Row):
     """The request the admission rule would admit next, and its last lease generation."""
 
+    CHECKS = _checks(text="request_id", integer="lease_generation")
     request_id: Any
     lease_generation: Any
 
 
 @attrs.frozen
-class QueuedEntry:
+class QueuedEntry(Row):
     """Where a queued request with a payload stands."""
 
+    CHECKS = _checks(integer="enqueued_at", text="provider model")
     enqueued_at: Any
     provider: Any
     model: Any
 
 
 @attrs.frozen
-class WaiterEntry:
+class WaiterEntry(Row):
     """What a waiting connector's look needs to know about its own request."""
 
+    CHECKS = _checks(integer="enqueued_at", text="agent_id provider model")
     enqueued_at: Any
     agent_id: Any
     provider: Any
@@ -137,9 +228,10 @@ class WaiterEntry:
 
 
 @attrs.frozen
-class LeaseRow:
+class LeaseRow(Row):
     """A lease's fence and phase."""
 
+    CHECKS = _checks(text="lease_id request_id owner_instance_id", integer="generation", state="phase")
     lease_id: Any
     request_id: Any
     generation: Any
@@ -148,9 +240,14 @@ class LeaseRow:
 
 
 @attrs.frozen
-class LeaseWithRequestRow:
+class LeaseWithRequestRow(Row):
     """A lease's fence and phase beside its request's state and generation."""
 
+    CHECKS = _checks(
+        text="lease_id request_id owner_instance_id",
+        integer="generation request_generation",
+        state="phase request_state",
+    )
     lease_id: Any
     request_id: Any
     generation: Any
@@ -161,9 +258,15 @@ class LeaseWithRequestRow:
 
 
 @attrs.frozen
-class IdentityRow:
+class IdentityRow(Row):
     """The process evidence recorded with a dispatch intent (without its lease id, time and host)."""
 
+    CHECKS = _checks(
+        text="request_id owner_instance_id prompt_channel connector_owner_instance_id connector_created_at "
+        "connector_boot_id connector_start_time_ticks child_boot_id child_start_time_ticks",
+        integer="lease_generation connector_pid connector_pid_namespace_inode connector_ppid connector_pgrp "
+        "connector_session child_pid child_pid_namespace_inode child_ppid child_pgrp child_session",
+    )
     request_id: Any
     lease_generation: Any
     owner_instance_id: Any
@@ -187,7 +290,7 @@ class IdentityRow:
 
 
 @attrs.frozen
-class DispatchRow:
+class DispatchRow(Row):
     """A lease, its request and its process evidence (every evidence column ``None`` when absent)."""
 
     lease_id: Any
@@ -228,7 +331,7 @@ class DispatchRow:
 
 
 @attrs.frozen
-class EventRow:
+class EventRow(Row):
     """One journal row."""
 
     event_seq: Any
@@ -240,7 +343,7 @@ class EventRow:
 
 
 @attrs.frozen
-class PolicyRow:
+class PolicyRow(Row):
     """The durable policy row."""
 
     max_active_turns: Any

@@ -6,7 +6,9 @@ the database reports about itself: ``PRAGMA table_info``/``index_list``/``index_
 ``pg_catalog`` on PostgreSQL. Anything that differs, missing or extra, raises
 :class:`~admission_plane.errors.SchemaIntegrityError` naming it; nothing is repaired.
 Besides the admission tables only Alembic's ``alembic_version`` (holding the head
-revision) and SQLite's own ``sqlite_%`` tables may exist.
+revision) and SQLite's own ``sqlite_%`` tables may exist, unless the database is shared
+with another application (``allow_foreign_tables=True``, as the migration was told): then
+its tables and views, and their indexes, constraints and triggers, are left out.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from .schema_spec import (
     Spec,
     expected_schema_version,
     expected_spec,
+    foreign_tables,
 )
 
 __all__ = ["check_schema", "expected_schema_version", "schema_version"]
@@ -48,20 +51,25 @@ def schema_version(target: Engine | Connection) -> int:
         return int(query("SELECT MAX(version) FROM schema_migrations")[0][0] or 0)
 
 
-def check_schema(target: Engine | Connection, *, revision: str = EXPECTED_REVISION) -> None:
+def check_schema(
+    target: Engine | Connection, *, revision: str = EXPECTED_REVISION, allow_foreign_tables: bool = False
+) -> None:
     """Raise :class:`SchemaIntegrityError` unless the database is exactly the schema of ``revision``.
 
     The default is the head revision the service layer needs. With
     ``revision=SEED_REVISION`` a database written by the original connector (no
-    ``alembic_version`` table) passes too. Reads only; a connection passed in keeps its
-    transaction state (a transaction this function had to open is rolled back).
+    ``alembic_version`` table) passes too. With ``allow_foreign_tables`` other
+    applications' tables and views (and what belongs to them) are ignored. Reads only; a
+    connection passed in keeps its transaction state (a transaction this function had to
+    open is rolled back).
     """
     spec = expected_spec(revision)
+    owned = _owned if allow_foreign_tables else _everything
     with _reader(target) as (query, dialect):
         if dialect == "sqlite":
-            _check_sqlite(query, spec)
+            _check_sqlite(query, spec, owned)
         elif dialect == "postgresql":
-            _check_postgresql(query, spec)
+            _check_postgresql(query, spec, owned)
         else:
             raise SchemaIntegrityError(f"database dialect {dialect} is not supported")
 
@@ -96,6 +104,18 @@ def _table_names(query: Query, dialect: str) -> set[str]:
         name
         for (name,) in query("SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()")
     }
+
+
+def _owned(table: str) -> bool:
+    """Whether ``table`` is one the plane owns (or SQLite's own), not another application's."""
+    return not foreign_tables([table])
+
+
+def _everything(_table: str) -> bool:
+    return True
+
+
+Owned = Callable[[str], bool]
 
 
 def _compare_names(kind: str, actual: set[str], expected: set[str]) -> None:
@@ -147,10 +167,11 @@ def _normalized(sql: str) -> str:
 # --- SQLite -----------------------------------------------------------------------------
 
 
-def _check_sqlite(query: Query, spec: Spec) -> None:
+def _check_sqlite(query: Query, spec: Spec, owned: Owned) -> None:
     if query("PRAGMA foreign_keys") != [(1,)]:
         raise SchemaIntegrityError("PRAGMA foreign_keys=ON is required")
-    master = query("SELECT type, name, tbl_name, sql FROM sqlite_master")
+    # A view's tbl_name is its own name; an index's or trigger's is its table's.
+    master = [row for row in query("SELECT type, name, tbl_name, sql FROM sqlite_master") if owned(row[2])]
     for kind in ("view", "trigger"):
         _compare_names(kind, {name for type_, name, _, _ in master if type_ == kind}, set())
 
@@ -175,7 +196,10 @@ def _check_sqlite(query: Query, spec: Spec) -> None:
         ):
             raise SchemaIntegrityError(f"table {table} CHECK constraints do not match the schema contract")
         foreign_keys = {
-            (row[2], row[3], row[4], row[5], row[6]) for row in query(f'PRAGMA foreign_key_list("{table}")')
+            (target, column, target_column, on_update, on_delete)
+            for _id, _seq, target, column, target_column, on_update, on_delete, _match in query(
+                f'PRAGMA foreign_key_list("{table}")'
+            )
         }
         expected_keys = {
             (fk.target, fk.columns[0], fk.target_columns[0], "NO ACTION", fk.on_delete)
@@ -188,8 +212,10 @@ def _check_sqlite(query: Query, spec: Spec) -> None:
     named = {name: (table, sql) for type_, name, table, sql in master if type_ == "index" and sql is not None}
     _compare_names("index", set(named), {index.name for index in spec.indexes})
     for index in spec.indexes:
-        listed = {row[1]: row for row in query(f'PRAGMA index_list("{index.table}")')}
-        row = listed.get(index.name)
+        listed = {
+            name: (bool(unique), bool(partial))
+            for _seq, name, unique, _origin, partial in query(f'PRAGMA index_list("{index.table}")')
+        }
         keys = tuple(
             (name, bool(desc), collation)
             for _, _, name, desc, collation, key in query(f'PRAGMA index_xinfo("{index.name}")')
@@ -197,21 +223,14 @@ def _check_sqlite(query: Query, spec: Spec) -> None:
         )
         expected_keys_ = tuple((name, desc, "BINARY") for name, desc in _index_columns(index))
         where_ok = index.where is None or f"WHERE {index.where}" in _normalized(named[index.name][1])
-        if (
-            row is None
-            or bool(row[2]) != index.unique
-            or bool(row[4]) != (index.where is not None)
-            or keys != expected_keys_
-            or not where_ok
-        ):
+        if listed.get(index.name) != (index.unique, index.where is not None) or keys != expected_keys_ or not where_ok:
             raise SchemaIntegrityError(f"index {index.name} does not match the schema contract")
 
-    unique = set()
+    unique: set[tuple[str, tuple[str, ...]]] = set()
     for table in spec.tables:
         for _, name, _unique, origin, _ in query(f'PRAGMA index_list("{table}")'):
             if origin == "u":
-                keys = tuple(row[2] for row in query(f'PRAGMA index_info("{name}")'))
-                unique.add((table, keys))
+                unique.add((table, tuple(row[2] for row in query(f'PRAGMA index_info("{name}")'))))
     if unique != set(UNIQUE_CONSTRAINTS):
         raise SchemaIntegrityError("unique constraints do not match the schema contract")
 
@@ -221,7 +240,7 @@ def _check_sqlite(query: Query, spec: Spec) -> None:
 _PG_TYPES = {"INTEGER": "bigint", "TEXT": "text", "BLOB": "bytea"}
 
 
-def _check_postgresql(query: Query, spec: Spec) -> None:
+def _check_postgresql(query: Query, spec: Spec, owned: Owned) -> None:
     def actual(table: str) -> tuple[tuple[Any, ...], ...]:
         keys = query(
             "SELECT a.attname FROM pg_constraint c JOIN LATERAL unnest(c.conkey) WITH ORDINALITY AS k(attnum, n) "
@@ -245,7 +264,8 @@ def _check_postgresql(query: Query, spec: Spec) -> None:
             (c.name, _PG_TYPES[c.type], c.notnull or c.pk > 0, c.pk, c.default, c.identity) for c in spec.tables[table]
         )
 
-    _check_ledger_and_tables(query, spec, _table_names(query, "postgresql"), actual, expected)
+    tables = {name for name in _table_names(query, "postgresql") if owned(name)}
+    _check_ledger_and_tables(query, spec, tables, actual, expected)
 
     constraints = query(
         "SELECT c.conrelid::regclass::text, c.contype, c.conname, pg_get_constraintdef(c.oid), c.confdeltype, "
@@ -256,6 +276,7 @@ def _check_postgresql(query: Query, spec: Spec) -> None:
         "      ON a.attrelid = c.confrelid AND a.attnum = k.n ORDER BY k.i) "
         "FROM pg_constraint c WHERE c.connamespace = current_schema()::regnamespace AND c.contype IN ('c', 'f', 'u')"
     )
+    constraints = [row for row in constraints if owned(row[0])]
     checks = {(table, name, definition) for table, kind, name, definition, *_ in constraints if kind == "c"}
     if checks != {(c.table, c.pg_name, c.pg_definition) for c in CHECKS if c.pg_name is not None}:
         raise SchemaIntegrityError("CHECK constraints do not match the schema contract")
@@ -270,10 +291,11 @@ def _check_postgresql(query: Query, spec: Spec) -> None:
     unique = {(table, tuple(columns)) for table, kind, _, _, _, _, columns, _ in constraints if kind == "u"}
     if unique != set(UNIQUE_CONSTRAINTS):
         raise SchemaIntegrityError("unique constraints do not match the schema contract")
-    if query(
-        "SELECT tgname FROM pg_trigger t JOIN pg_class r ON r.oid = t.tgrelid "
+    triggers = query(
+        "SELECT r.relname FROM pg_trigger t JOIN pg_class r ON r.oid = t.tgrelid "
         "WHERE NOT t.tgisinternal AND r.relnamespace = current_schema()::regnamespace"
-    ):
+    )
+    if any(owned(table) for (table,) in triggers):
         raise SchemaIntegrityError("unexpected trigger is present")
 
     indexes = query(
@@ -285,13 +307,13 @@ def _check_postgresql(query: Query, spec: Spec) -> None:
         "AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)",
         VERSION_TABLE,
     )
-    actual = {
+    actual_indexes = {
         name: (table, unique_, where, tuple(zip(columns, descending, strict=True)))
         for name, table, unique_, where, columns, descending in indexes
+        if owned(table)
     }
-    _compare_names("index", set(actual), {index.name for index in spec.indexes})
+    _compare_names("index", set(actual_indexes), {index.name for index in spec.indexes})
     for index in spec.indexes:
         where = index.pg_where or (None if index.where is None else f"({index.where})")
-        expected = (index.table, index.unique, where, _index_columns(index))
-        if actual[index.name] != expected:
+        if actual_indexes[index.name] != (index.table, index.unique, where, _index_columns(index)):
             raise SchemaIntegrityError(f"index {index.name} does not match the schema contract")

@@ -7,6 +7,7 @@ connector's, exactly; :data:`EXTENSIONS` lists what our own revisions add.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..errors import SchemaIntegrityError
@@ -30,6 +31,7 @@ __all__ = [
     "Spec",
     "expected_schema_version",
     "expected_spec",
+    "foreign_tables",
 ]
 
 
@@ -337,6 +339,19 @@ def expected_spec(revision: str = EXPECTED_REVISION) -> Spec:
         if extension.revision == revision:
             return Spec(revision, tables, indexes)
     raise SchemaIntegrityError(f"revision {revision} is not described by this schema check")
+
+
+def foreign_tables(names: Iterable[str]) -> list[str]:
+    """The tables (or views) among ``names`` that the admission plane does not own, sorted.
+
+    It owns the admission tables, the seed's ``schema_migrations`` ledger and Alembic's
+    ``alembic_version``; SQLite's own ``sqlite_%`` tables belong to nobody. A migration
+    refuses a database holding any other table, and the schema check reports it, unless
+    sharing the database was allowed (``allow_foreign_tables=True``).
+    """
+    return sorted(
+        name for name in set(names) if name not in TABLES and name != VERSION_TABLE and not name.startswith("sqlite_")
+    )
 
 
 def expected_schema_version() -> int:

@@ -7,7 +7,8 @@ statement is a SQLAlchemy construct over the ORM entities (the schema stays decl
 one place), compiled to SQL text once per dialect with named parameters, and executed on
 the transaction's DB-API cursor.
 
-A :class:`Query` names the record its rows become (:mod:`admission_plane.store.rows`);
+A :class:`Query` names the record its rows become (:mod:`admission_plane.store.rows`,
+built and checked by its ``from_row``);
 the record's fields must be the query's column labels, in order, which is checked when
 the query is defined, so no caller ever reads a row by position.
 """
@@ -15,18 +16,26 @@ the query is defined, so no caller ever reads a row by position.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeAlias, TypeVar
 
 import attrs
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Dialect
-from sqlalchemy.sql import Executable, Select
+from sqlalchemy.engine.interfaces import DBAPIConnection, DBAPICursor
+from sqlalchemy.sql import Select
+from sqlalchemy.sql.expression import UpdateBase
 
 from .doorbell import Chimes
+from .rows import Row
 
 _SQLITE_NAMED = sqlite.dialect(paramstyle="named")
 
-R = TypeVar("R")
+#: A ``SELECT`` of any columns (SQLAlchemy types a select by its column types).
+AnySelect: TypeAlias = "Select[*tuple[Any, ...]]"
+#: What a :class:`Statement` compiles: a ``SELECT``, ``INSERT``, ``UPDATE`` or ``DELETE``.
+Construct: TypeAlias = "AnySelect | UpdateBase"
+
+R = TypeVar("R", bound=Row)
 V = TypeVar("V")
 
 
@@ -39,8 +48,8 @@ class Statement:
 
     __slots__ = ("_compiled", "_constructs")
 
-    def __init__(self, construct: Executable, **per_dialect: Executable) -> None:
-        self._constructs: dict[str, Executable] = {"default": construct, **per_dialect}
+    def __init__(self, construct: Construct, **per_dialect: Construct) -> None:
+        self._constructs: dict[str, Construct] = {"default": construct, **per_dialect}
         self._compiled: dict[str, tuple[str, dict[str, Any]]] = {}
 
     def compiled(self, dialect: Dialect) -> tuple[str, dict[str, Any]]:
@@ -72,10 +81,10 @@ class Query(Statement, Generic[R]):
 
     __slots__ = ("record",)
 
-    def __init__(self, construct: Select[Any], record: type[R], **per_dialect: Executable) -> None:
+    def __init__(self, construct: AnySelect, record: type[R], **per_dialect: Construct) -> None:
         super().__init__(construct, **per_dialect)
         labels = tuple(column.key for column in construct.selected_columns)
-        fields = tuple(field.name for field in attrs.fields(record))  # type: ignore[misc]  # attrs classes only
+        fields = tuple(field.name for field in attrs.fields(record))
         if labels != fields:
             raise TypeError(f"{record.__name__} fields {fields} are not the query's columns {labels}")
         self.record: type[R] = record
@@ -92,9 +101,9 @@ class Tx:
 
     __slots__ = ("_cursor", "dialect", "rings")
 
-    def __init__(self, dbapi_connection: Any, dialect: Dialect) -> None:
+    def __init__(self, dbapi_connection: DBAPIConnection, dialect: Dialect) -> None:
         self.dialect = dialect
-        self._cursor: Any = dbapi_connection.cursor()
+        self._cursor: DBAPICursor = dbapi_connection.cursor()
         #: What this transaction adds to the admission doorbell, announced once it commits.
         self.rings = Chimes()
 
@@ -108,7 +117,7 @@ class Tx:
         """Open the transaction explicitly (SQLite: ``BEGIN`` or ``BEGIN IMMEDIATE``)."""
         self._cursor.execute(sql)
 
-    def _run(self, statement: Statement, params: Mapping[str, Any] | None) -> Any:
+    def _run(self, statement: Statement, params: Mapping[str, Any] | None) -> DBAPICursor:
         sql, defaults = statement.compiled(self.dialect)
         if defaults:
             params = {**defaults, **params} if params else defaults
@@ -118,23 +127,22 @@ class Tx:
 
     def execute(self, statement: Statement, params: Mapping[str, Any] | None = None) -> int:
         """Run a statement; return its row count."""
-        count: int = self._run(statement, params).rowcount
-        return count
+        return self._run(statement, params).rowcount
 
     def one(self, query: Query[R], params: Mapping[str, Any] | None = None) -> R | None:
         """The first row as a record, or ``None``."""
         row = self._run(query, params).fetchone()
-        return None if row is None else query.record(*row)
+        return None if row is None else query.record.from_row(row)
 
     def all(self, query: Query[R], params: Mapping[str, Any] | None = None) -> list[R]:
         """Every row, as records."""
-        record = query.record
-        return [record(*row) for row in self._run(query, params).fetchall()]
+        from_row = query.record.from_row
+        return [from_row(row) for row in self._run(query, params).fetchall()]
 
     def scalar(self, query: Scalar[V], params: Mapping[str, Any] | None = None) -> V | None:
         """The first column of the first row, or ``None``."""
         row = self._run(query, params).fetchone()
-        return None if row is None else row[0]  # type: ignore[no-any-return]  # the driver's value, typed by V
+        return None if row is None else row[0]
 
     def column(self, query: Scalar[V], params: Mapping[str, Any] | None = None) -> list[V]:
         """The first column of every row."""

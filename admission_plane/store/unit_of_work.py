@@ -29,14 +29,16 @@ import os
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from sqlalchemy import BigInteger, Engine, bindparam, func, literal, select
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.pool import PoolProxiedConnection
 
 from ..errors import AdmissionBusyError, AdmissionDatabaseError
-from .doorbell import CHANNEL, Chimes, ring
+from .doorbell import CHANNEL, Chimes, open_gate_file, ring
 from .engine import SQLITE_BEGIN, writer_lock_path
+from .failures import CONNECTION_LOST, connection_lost, driver_message
 from .tx import Statement, Tx
 
 T = TypeVar("T")
@@ -73,13 +75,15 @@ class UnitOfWork:
         self._read_only = read_only
         self._committed = False
         self.tx: Tx
+        #: Whether the transaction ended because the database connection was lost (it was discarded).
+        self.connection_lost = False
 
     def __enter__(self) -> UnitOfWork:
         dialect = self._engine.dialect
         self._gate = None
         # Pool checkout and return happen outside the writer gate: the gate is held only
         # from just before ``BEGIN IMMEDIATE`` until the transaction has ended.
-        connection: Any = self._engine.raw_connection()
+        connection = self._engine.raw_connection()
         try:
             if dialect.name == "sqlite" and not self._read_only:
                 self._gate = _WriterGate.enter(self._engine)
@@ -88,13 +92,22 @@ class UnitOfWork:
                 tx.begin(SQLITE_BEGIN["DEFERRED" if self._read_only else "IMMEDIATE"])
             elif not self._read_only:
                 tx.execute(_LOCK_STATEMENT)
-        except BaseException:
+        except BaseException as error:
             self._leave_gate()
-            connection.close()
+            self._release(connection, lost=connection_lost(dialect, error, connection.dbapi_connection))
             raise
         self._connection = connection
         self.tx = tx
         return self
+
+    def _release(self, connection: PoolProxiedConnection, *, lost: bool) -> None:
+        """Return ``connection`` to the pool, or discard it when it was ``lost``: the pool would try
+        to roll a dead connection back and print that failure's traceback to stderr."""
+        if lost:
+            self.connection_lost = True
+            connection.invalidate()
+            return
+        connection.close()  # back to the pool (which resets it again on return)
 
     def _leave_gate(self) -> None:
         if self._gate is not None:
@@ -117,15 +130,22 @@ class UnitOfWork:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        dialect, dbapi_connection = self._engine.dialect, self._connection.dbapi_connection
+        lost = exc is not None and connection_lost(dialect, exc, dbapi_connection)
         try:
-            self.tx.close()
-            if not self._committed:
-                self._connection.rollback()
+            if not lost:
+                self.tx.close()
+                if not self._committed:
+                    self._connection.rollback()
+        except dialect.loaded_dbapi.Error as error:
+            # The rollback failed: if the connection died, the error that found it out is the news.
+            if exc is None or not connection_lost(dialect, error, dbapi_connection):
+                raise
+            lost = True
         finally:
             # The transaction is over: let the next writer in before the pool return.
             self._leave_gate()
-            # Back to the pool (which resets it again on return).
-            self._connection.close()
+            self._release(self._connection, lost=lost)
 
 
 class _WriterGate:
@@ -135,8 +155,9 @@ class _WriterGate:
     with several writing processes the lock often sits free while all of them sleep. Writers
     of this library first queue on this file lock instead, and the kernel wakes one waiter
     the moment the holder releases it; ``BEGIN IMMEDIATE`` then normally succeeds at once.
-    Other programs that do not take the gate (the original connector, the ``sqlite3`` shell,
-    migrations) are still excluded by SQLite's own lock, which writers wait for as before.
+    Other programs that do not take the gate (the original connector, the ``sqlite3`` shell)
+    are still excluded by SQLite's own lock, which writers wait for as before; a migration
+    holds the gate from its first step to its last (:mod:`admission_plane.store.migration_lock`).
     Each unit opens its own file description, so threads of one process queue too. The lock
     is released by ``close`` and by the kernel when a process dies; a writer whose holder is
     *stopped* (SIGSTOP) waits until it resumes or dies. The file's first bytes hold the
@@ -153,9 +174,8 @@ class _WriterGate:
         path = writer_lock_path(engine)
         if path is None:
             return None
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError:
+        fd = open_gate_file(path)  # refuses a link or anything but a regular file
+        if fd is None:
             return None  # an unwritable directory: SQLite's own lock still serialises writers
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -174,12 +194,12 @@ class _WriterGate:
 
 def contention_name(error: BaseException) -> str | None:
     """The SQLite error name or PostgreSQL SQLSTATE if ``error`` is lock contention, else ``None``."""
-    original: Any = error.orig if isinstance(error, DBAPIError) else error
-    name = getattr(original, "sqlite_errorname", None)
-    if name in SQLITE_CONTENTION:
+    original = error.orig if isinstance(error, DBAPIError) else error
+    name: object = getattr(original, "sqlite_errorname", None)
+    if isinstance(name, str) and name in SQLITE_CONTENTION:
         return name
-    state = getattr(original, "sqlstate", None)
-    if state in POSTGRES_RETRYABLE or state == "55P03":  # lock_not_available
+    state: object = getattr(original, "sqlstate", None)
+    if isinstance(state, str) and (state in POSTGRES_RETRYABLE or state == "55P03"):  # lock_not_available
         return state
     return None
 
@@ -196,16 +216,22 @@ def run(
     Domain errors raised by ``work`` propagate unchanged (after rollback). PostgreSQL
     serialization failures and deadlocks are retried up to ``attempts`` times; lock
     contention that outlasts the retries becomes :class:`AdmissionBusyError`, any
-    other driver error :class:`AdmissionDatabaseError`.
+    other driver error :class:`AdmissionDatabaseError`; when the connection was lost
+    (the server ended it) its message begins ``database connection was lost:``, the dead
+    connection is discarded without a rollback, and the operation is not retried (a lost
+    commit may or may not have happened).
     """
     driver_error = engine.dialect.loaded_dbapi.Error
     for attempt in range(attempts):
+        uow = UnitOfWork(engine, read_only=read_only)
         try:
-            with UnitOfWork(engine, read_only=read_only) as uow:
+            with uow:
                 result = work(uow.tx)
                 uow.commit()
                 return result
         except (DBAPIError, driver_error) as error:
+            if uow.connection_lost:
+                raise AdmissionDatabaseError(f"{CONNECTION_LOST}: {driver_message(error)}") from error
             name = contention_name(error)
             if name in POSTGRES_RETRYABLE and attempt < attempts - 1:
                 time.sleep(0.005 * (attempt + 1))

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import attrs
 
-from ..errors import AdmissionStateError
+from .. import _validate as v
+from ..errors import AdmissionStateError, InvalidInputError
 
 #: The request fingerprint used when the caller gives none (it is stored in clear: never derive it from the prompt).
 DEFAULT_FINGERPRINT = "admission-plane.turn/1"
@@ -25,19 +26,35 @@ class DispatchRefusedError(AdmissionStateError):
         self.reason = reason
 
 
+def _delay(_backoff: object, attribute: attrs.Attribute[int], value: object) -> None:
+    v.delay_ms(value, f"backoff {attribute.name}")
+
+
+def _factor(_backoff: object, _attribute: attrs.Attribute[float], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value <= v.MAX_SAFE_INTEGER:
+        raise InvalidInputError("backoff factor must be a finite number of at least 1")
+
+
+def _jitter(_backoff: object, _attribute: attrs.Attribute[float], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+        raise InvalidInputError("backoff jitter must be a number from 0 up to (not including) 1")
+
+
 @attrs.frozen
 class Backoff:
     """Polling delays: ``initial_ms``, multiplied by ``factor`` up to ``max_ms``, with +/- ``jitter``.
 
     Waiting for admission uses ``initial_ms`` and ``max_ms`` as
     :meth:`AdmissionPlane.wait_for_admission`'s ``initial_delay_ms`` and ``max_delay_ms``;
-    waiting for a start slot uses all four.
+    waiting for a start slot uses all four. The delays must be positive finite numbers, the
+    factor at least 1 and the jitter in ``[0, 1)``
+    (:class:`~admission_plane.errors.InvalidInputError` otherwise).
     """
 
-    initial_ms: int = 10
-    factor: float = 1.6
-    max_ms: int = 250
-    jitter: float = 0.2
+    initial_ms: int = attrs.field(default=10, validator=_delay)
+    factor: float = attrs.field(default=1.6, validator=_factor)
+    max_ms: int = attrs.field(default=250, validator=_delay)
+    jitter: float = attrs.field(default=0.2, validator=_jitter)
 
     def delays(self) -> Iterator[float]:
         """Yield successive delays in seconds, forever."""
@@ -46,3 +63,17 @@ class Backoff:
             spread = delay * self.jitter
             yield max(0.0, delay + random.uniform(-spread, spread)) / 1000  # noqa: S311 - jitter, not secrecy
             delay = min(delay * self.factor, float(self.max_ms))
+
+
+def check_options(
+    wait_timeout_ms: object, start_timeout_ms: object, backoff: object, hooks: Mapping[str, object]
+) -> None:
+    """A turn's waiting options and callbacks, checked as given (:class:`InvalidInputError`, before anything
+    is enqueued); of the callbacks only ``progress``, ``spawn`` and ``write_prompt`` may be ``None``."""
+    if wait_timeout_ms is not None:
+        v.timestamp(wait_timeout_ms, "turn wait timeout")
+    v.timestamp(start_timeout_ms, "turn start timeout")
+    if backoff is not None and not isinstance(backoff, Backoff):
+        raise InvalidInputError("turn backoff must be an admission_plane.turns.Backoff")
+    for name, hook in hooks.items():
+        v.hook(hook, f"turn {name}", optional=name in ("progress", "spawn", "write_prompt"))

@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 from ..clock import wall_clock_ms
 from ..errors import AdmissionError, AdmissionStateError, InvalidInputError, LeaseFenceError, UnknownLeaseError
@@ -16,7 +16,7 @@ from ..service import AdmissionService
 from ..states import FailureCategory, PromptChannel, RequestState
 from ..values import AdmittedLease, DispatchRecord, LiveTurnCompletion, LiveTurnFailure, QueueSnapshot
 from ._child import spawn_child, terminate, write_to_stdin
-from ._support import DEFAULT_FINGERPRINT, Backoff, DispatchRefusedError, TurnNotAdmittedError
+from ._support import DEFAULT_FINGERPRINT, Backoff, DispatchRefusedError, TurnNotAdmittedError, check_options
 
 T = TypeVar("T")
 S = RequestState
@@ -27,6 +27,17 @@ _RETRYABLE_START_REFUSALS = frozenset({"concurrent start limit reached", "start 
 Progress = Callable[["Turn", str], object]
 Spawn = Callable[[], "subprocess.Popen[bytes] | int"]
 WritePrompt = Callable[["Turn", str], object]
+
+
+class _RequestMetadata(TypedDict):
+    """The request's identity, passed as is to ``enqueue_with_payload``."""
+
+    request_id: str
+    session_id: str
+    agent_id: str
+    fingerprint: str
+    provider: str
+    model: str
 
 
 def _write_to_stdin(turn: Turn, prompt: str) -> None:
@@ -82,12 +93,19 @@ class Turn:
             raise InvalidInputError("turn needs exactly one of command and spawn")
         if not isinstance(prompt, str):
             raise InvalidInputError("turn prompt must be a string")
-        for value, label in ((heartbeat_interval_ms, "heartbeat interval"), (payload_grace_ms, "payload grace")):
+        # Checked as given: callers without type checking may pass anything.
+        intervals: tuple[tuple[object, str], ...] = (
+            (heartbeat_interval_ms, "heartbeat interval"),
+            (payload_grace_ms, "payload grace"),
+        )
+        for value, label in intervals:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidInputError(f"turn {label} must be a positive integer of milliseconds")
+        hooks = {"clock": clock, "sleep": sleep, "progress": progress, "spawn": spawn, "write_prompt": write_prompt}
+        check_options(wait_timeout_ms, start_timeout_ms, backoff, hooks)
         self.plane = plane
         self.request_id = request_id
-        self._metadata = {
+        self._metadata: _RequestMetadata = {
             "request_id": request_id,
             "session_id": session_id,
             "agent_id": agent_id,
@@ -243,7 +261,7 @@ class Turn:
 
     def _dispatch(self) -> None:
         assert self.lease is not None
-        spawned = self._spawn()
+        spawned: object = self._spawn()  # checked as returned: a spawn callable may return anything
         if isinstance(spawned, subprocess.Popen):
             self.child, self.pid = spawned, spawned.pid
         elif isinstance(spawned, int) and not isinstance(spawned, bool):

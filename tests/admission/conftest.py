@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from dbutil import execute, query, scalar, table_names
-from planes import CONTENT_KEY, CONTRACT_POLICY, ENCRYPTION_KEY
+from planes import CONTENT_KEY, CONTRACT_POLICY, ENCRYPTION_KEY, ONE_SEAT
 from sqlalchemy.exc import OperationalError
 
 from admission_plane import AdmissionPlane
@@ -153,3 +153,9 @@ def make_plane(database_url: str) -> Iterator[Callable[..., AdmissionPlane]]:
 def plane(make_plane: Callable[..., AdmissionPlane]) -> AdmissionPlane:
     """A plane with the contract policy and both keys."""
     return make_plane()
+
+
+@pytest.fixture
+def one_seat(make_plane: Callable[..., AdmissionPlane]) -> AdmissionPlane:
+    """A plane with one seat, one start and no start interval, and both keys."""
+    return make_plane(policy=ONE_SEAT)

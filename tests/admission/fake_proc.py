@@ -1,4 +1,8 @@
-"""An in-memory /proc for reaper tests: chosen identities, alive, gone (ENOENT) or unreadable (EACCES)."""
+"""The one in-memory /proc of the test suite, for evidence, reaper and multi-host tests.
+
+:class:`FakeProc` shows chosen processes alive, gone (ENOENT) or unreadable (EACCES, or any
+other error), logs every read, and lists its processes as the pid inventory.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +20,9 @@ NS = 4_026_531_836
 OWNER_A = "3f2b8c1e-9a4d-4e7f-b6c5-0123456789ab"
 OWNER_B = "7c1d2e3f-4a5b-4c6d-9e8f-abcdef012345"
 CREATED_AT = format_created_at(1_700_000_000_000)
+#: The pid and start ticks of the process that ``FakeProc().add()`` shows by default.
+PID = 4242
+START = "424242"
 
 
 def process(
@@ -45,20 +52,31 @@ def connector(pid: int, owner: str = OWNER_A, **fields: object) -> ConnectorIden
     return ConnectorIdentity(owner_instance_id=owner, created_at=CREATED_AT, process=process(pid, **fields))  # type: ignore[arg-type]
 
 
-def stat_line(identity: ProcessIdentity, *, ppid: int | None = None, state: str = "S") -> str:
-    """The ``/proc/<pid>/stat`` line of ``identity`` (52 fields, comm with spaces and parentheses)."""
-    fields = [state, str(identity.ppid if ppid is None else ppid), str(identity.pgrp), str(identity.session), "0", "-1"]
-    fields += ["0"] * (21 - 8)  # proc(5) fields 9..21
-    fields.append(identity.start_time_ticks)
-    fields += ["0"] * (52 - 22)
-    return f"{identity.pid} (agent (x) y) {' '.join(fields)}\n"
+def stat_line(
+    pid: int,
+    *,
+    comm: str = "worker",
+    state: str = "S",
+    ppid: int = 1,
+    pgrp: int | None = None,
+    session: int | None = None,
+    start: str = START,
+) -> str:
+    """A full 52-field stat line; unnamed fields hold 100 + their proc(5) number, so an off-by-one shows."""
+    fields = [state, str(ppid), str(pid if pgrp is None else pgrp), str(pid if session is None else session), "0", "-1"]
+    fields += [str(100 + number) for number in range(9, 22)]
+    fields.append(start)
+    fields += [str(100 + number) for number in range(23, 53)]
+    return f"{pid} ({comm}) {' '.join(fields)}\n"
 
 
-def os_error(code: int) -> OSError:
-    return OSError(code, os.strerror(code))
+def os_error(code: int, path: str = "") -> OSError:
+    """An OSError carrying ``code`` as its errno, as the kernel would raise it."""
+    return OSError(code, os.strerror(code), path)
 
 
-def _give(value: str | BaseException) -> str:
+def give(value: str | BaseException) -> str:
+    """Return ``value``, or raise it when it is an exception."""
     if isinstance(value, BaseException):
         raise value
     return value
@@ -66,7 +84,10 @@ def _give(value: str | BaseException) -> str:
 
 @attrs.define
 class FakeProc:
-    """``ProcReaders`` over a dict: unknown pids are ENOENT; ``pids`` overrides the inventory (value or exception)."""
+    """``ProcReaders`` over dicts: unknown pids are ENOENT, every read is logged, ``pids`` overrides the inventory.
+
+    A ``stats``, ``links`` or ``pids`` value (or ``boot_id``) may be an exception, which the read raises.
+    """
 
     boot_id: str | BaseException = BOOT + "\n"
     stats: dict[int, str | BaseException] = attrs.Factory(dict)
@@ -74,12 +95,25 @@ class FakeProc:
     pids: object = None
     reads: list[str] = attrs.Factory(list)
 
+    def add(self, pid: int = PID, *, ns: int = NS, **stat: object) -> FakeProc:
+        """Show a running process ``pid`` in pid namespace ``ns``; ``stat`` are the fields of :func:`stat_line`."""
+        self.stats[pid] = stat_line(pid, **stat)  # type: ignore[arg-type]
+        self.links[pid] = f"pid:[{ns}]"
+        return self
+
     def alive(self, *identities: ProcessIdentity | ConnectorIdentity, ppid: int | None = None) -> FakeProc:
         """Show each identity as a running process (optionally reparented to ``ppid``)."""
         for identity in identities:
             found = identity.process if isinstance(identity, ConnectorIdentity) else identity
-            self.stats[found.pid] = stat_line(found, ppid=ppid)
-            self.links[found.pid] = f"pid:[{found.pid_namespace_inode}]"
+            self.add(
+                found.pid,
+                ns=found.pid_namespace_inode,
+                comm="agent (x) y",
+                ppid=found.ppid if ppid is None else ppid,
+                pgrp=found.pgrp,
+                session=found.session,
+                start=found.start_time_ticks,
+            )
         return self
 
     def reused(self, identity: ProcessIdentity | ConnectorIdentity) -> FakeProc:
@@ -95,14 +129,14 @@ class FakeProc:
     def read_file(self, path: str) -> str:
         self.reads.append(path)
         if path == BOOT_ID_PATH:
-            return _give(self.boot_id)
+            return give(self.boot_id)
         match = re.fullmatch(r"/proc/([0-9]+)/stat", path)
-        return _give(self.stats.get(int(match[1]), os_error(errno.ENOENT)) if match else os_error(errno.ENOENT))
+        return give(self.stats.get(int(match[1]), os_error(errno.ENOENT, path)) if match else os_error(errno.ENOENT))
 
     def read_link(self, path: str) -> str:
         self.reads.append(path)
         match = re.fullmatch(r"/proc/([0-9]+)/ns/pid", path)
-        return _give(self.links.get(int(match[1]), os_error(errno.ENOENT)) if match else os_error(errno.ENOENT))
+        return give(self.links.get(int(match[1]), os_error(errno.ENOENT, path)) if match else os_error(errno.ENOENT))
 
     def list_process_ids(self) -> object:
         if isinstance(self.pids, BaseException):

@@ -17,7 +17,9 @@ import attrs
 from admission_plane.states import ABSENT, SEAT_PHASES, EventKind, RequestState
 
 #: Events that end a seat while the request's state (``recovery_required``) is still a seat phase.
-_SEAT_FREEING_KINDS = frozenset({EventKind.REQUEST_RECOVERY_SEAT_RELEASED})
+_SEAT_FREEING_KINDS = frozenset({EventKind.REQUEST_RECOVERY_SEAT_RELEASED, EventKind.OPERATOR_SEAT_RELEASED})
+#: Events that concern no request (a policy change, a recovery row the reaper could not trust).
+_NOT_A_REQUEST = frozenset({EventKind.POLICY_DRAIN_COMPLETED, EventKind.RECOVERY_ROW_RETAINED})
 
 
 @attrs.frozen
@@ -56,7 +58,7 @@ def replay(events: Iterable[Any]) -> JournalReplay:
     for event in sorted(events, key=lambda e: e.event_seq):
         count += 1
         correlation, kind, from_state, to_state = event.correlation_hmac, event.kind, event.from_state, event.to_state
-        if kind == EventKind.POLICY_DRAIN_COMPLETED:
+        if kind in _NOT_A_REQUEST:
             continue
         if states.get(correlation, ABSENT) != from_state:
             discontinuities.append((event.event_seq, kind, states.get(correlation, ABSENT), from_state))

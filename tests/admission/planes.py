@@ -1,4 +1,4 @@
-"""Keys, the contract policy and the catalogue's lifecycle steps (``E``, ``admit``, ``activate``...).
+"""Keys, the usual policies and the lifecycle steps the tests share (``enqueue``, ``admit``, ``activate``...).
 
 Plain helpers that test modules import; the fixtures that open planes live in ``conftest.py``.
 """
@@ -6,6 +6,7 @@ Plain helpers that test modules import; the fixtures that open planes live in ``
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from admission_plane import AdmissionPlane, AdmittedLease, DispatchRecord, Policy
@@ -13,9 +14,15 @@ from admission_plane.evidence import capture
 
 ENCRYPTION_KEY = bytes([1]) * 32
 CONTENT_KEY = bytes([2]) * 32
-#: The contract suite's usual policy: 3 seats, 1 start, no start interval.
+#: The usual policy of the contract tests: 3 seats, 1 start, no start interval.
 CONTRACT_POLICY = Policy(3, 1, 0, 1_800_000, 30_000)
+#: One seat, one start, no start interval.
+ONE_SEAT = Policy(1, 1, 0, 1_800_000, 30_000)
+#: A lowercase UUIDv4, the form of the owner and lease ids a plane draws.
+UUID_V4 = r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
 SEAT_PHASES = ("admitted", "starting", "dispatch_intent", "dispatch_ambiguous", "active", "recovery_required")
+#: The ``make_plane`` fixture: opens a plane on the test database with keyword overrides.
+PlaneFactory = Callable[..., AdmissionPlane]
 
 
 class Clock:
@@ -34,7 +41,7 @@ class Clock:
 
 
 def enqueue(plane: AdmissionPlane, request_id: str, agent_id: str = "agent-a", now: int = 1_000, **overrides: Any):
-    """``E(id, agent, t)`` of the contract catalogue: enqueue with a payload that outlives the queue timeout."""
+    """Enqueue ``request_id`` for ``agent_id`` at ``now`` with a payload that outlives the queue timeout."""
     fields: dict[str, Any] = {
         "request_id": request_id,
         "session_id": "session-1",
@@ -125,8 +132,11 @@ __all__ = [
     "CONTENT_KEY",
     "CONTRACT_POLICY",
     "ENCRYPTION_KEY",
+    "ONE_SEAT",
     "SEAT_PHASES",
+    "UUID_V4",
     "Clock",
+    "PlaneFactory",
     "activate",
     "admit",
     "dispatch_record",

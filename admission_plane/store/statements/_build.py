@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from sqlalchemy import bindparam, literal_column
+from sqlalchemy import SQLColumnExpression, bindparam, literal_column
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from sqlalchemy.sql.expression import Delete, Update
 
 from ..model import Lease
 
-P = bindparam
 StatementT = TypeVar("StatementT", Update, Delete)
+
+
+def P(key: str) -> BindParameter[Any]:
+    """The named bind parameter ``key``, supplied per call (its type comes from the column it meets)."""
+    return bindparam(key)
 
 
 def lit(value: str) -> ColumnElement[str]:
@@ -20,7 +24,7 @@ def lit(value: str) -> ColumnElement[str]:
     return literal_column("'" + value.replace("'", "''") + "'")
 
 
-def one_of(column: ColumnElement[str], values: Iterable[str]) -> ColumnElement[bool]:
+def one_of(column: SQLColumnExpression[str], values: Iterable[str]) -> ColumnElement[bool]:
     """``column IN (...)`` over constants rendered inline, in a stable order."""
     return column.in_([lit(value) for value in sorted(values)])
 

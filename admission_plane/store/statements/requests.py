@@ -1,14 +1,15 @@
-"""Requests, their sealed payloads, and the connectors that enqueued them."""
+"""Requests, their sealed payloads, and the connectors that enqueued (or admitted) them."""
 
 from __future__ import annotations
 
 from sqlalchemy import insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 
-from ...states import RequestState
+from ...states import OWNER_DEATH_PHASES, RequestState
 from ..model import Lease, QueuedOwnerInstance, TurnPayload, TurnRequest
 from ..rows import OwnerRow, PayloadRow, QueuedOwnerRow, RequestMeta, RequestRow, RequestStatus
 from ..tx import Query, Scalar, Statement
-from ._build import P, lit, one
+from ._build import P, lit, one, one_of
 
 R, PL, QO = TurnRequest, TurnPayload, QueuedOwnerInstance
 QUEUED = RequestState.QUEUED
@@ -92,3 +93,24 @@ LIST_QUEUED_OWNERS = Query(
     QueuedOwnerRow,
 )
 LEASE_EXISTS_FOR_REQUEST: Scalar[int] = Scalar(select(one()).where(Lease.request_id == P("request_id")).limit(1))
+
+_owner_values = {
+    **{column.key: P(column.key) for column in _OWNER_COLUMNS},
+    "recorded_at": P("now"),
+    "host_id": P("host_id"),
+}
+#: Record an admitting connector's identity unless its owner instance already has one (race-free).
+RECORD_OWNER = Statement(
+    sqlite.insert(QO).values(**_owner_values).on_conflict_do_nothing(index_elements=[QO.owner_instance_id]),
+    postgresql=postgresql.insert(QO)
+    .values(**_owner_values)
+    .on_conflict_do_nothing(index_elements=[QO.owner_instance_id]),
+)
+#: The recorded identity of the connector holding each lease before its dispatch intent (keyed by request).
+LIST_LEASE_HOLDERS = Query(
+    select(Lease.request_id, *_OWNER_COLUMNS, QO.host_id)
+    .join(QO, QO.owner_instance_id == Lease.owner_instance_id)
+    .where(one_of(Lease.phase, OWNER_DEATH_PHASES))
+    .order_by(Lease.request_id),
+    QueuedOwnerRow,
+)

@@ -1,0 +1,115 @@
+"""wait_for_admission: a connector waits for its own request without jumping the queue."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from planes import ONE_SEAT, Clock
+
+from admission_plane import AdmissionPlane, InvalidInputError, Policy, RequestState
+
+
+def submit(plane: AdmissionPlane, request_id: str, now: int, agent_id: str = "agent-a") -> None:
+    plane.enqueue_with_payload(
+        request_id=request_id,
+        session_id="s",
+        agent_id=agent_id,
+        fingerprint="f",
+        provider="p",
+        model="m",
+        now=now,
+        plaintext="prompt",
+        expires_at=now + 10_000_000,
+    )
+
+
+@pytest.fixture
+def clocked(make_plane: Callable[..., AdmissionPlane]) -> tuple[AdmissionPlane, Clock]:
+    """A one-seat plane whose clock is a test clock."""
+    clock = Clock()
+    return make_plane(policy=ONE_SEAT, clock=clock), clock
+
+
+def test_wait_returns_the_lease_as_soon_as_the_request_is_admissible(clocked: tuple[AdmissionPlane, Clock]) -> None:
+    """An admissible request is admitted on the first look, without sleeping."""
+    plane, clock = clocked
+    submit(plane, "r1", clock.now)
+    lease = plane.wait_for_admission("r1", "owner-1", sleep=clock.sleep)
+    assert lease is not None
+    assert lease.request_id == "r1"
+    assert clock.sleeps == []
+
+
+def test_wait_gives_up_at_its_timeout_while_the_seat_stays_taken(clocked: tuple[AdmissionPlane, Clock]) -> None:
+    """With the only seat held, the wait returns None at its timeout and the request stays queued."""
+    plane, clock = clocked
+    submit(plane, "holder", clock.now)
+    assert plane.admit_request("holder", clock.now, "owner-0") is not None
+    submit(plane, "r1", clock.now)
+    assert plane.wait_for_admission("r1", "owner-1", timeout_ms=200, sleep=clock.sleep) is None
+    assert plane.get_request("r1").state is RequestState.QUEUED
+    assert clock.sleeps, "the wait polled"
+    assert max(clock.sleeps) <= 0.016 * 1.5 + 1e-9, "the back-off stays under its cap (with jitter)"
+
+
+def test_wait_stops_when_the_request_is_no_longer_queued(clocked: tuple[AdmissionPlane, Clock]) -> None:
+    """A request cancelled while its connector waits ends the wait with None."""
+    plane, clock = clocked
+    submit(plane, "holder", clock.now)
+    assert plane.admit_request("holder", clock.now, "owner-0") is not None
+    submit(plane, "r1", clock.now)
+
+    def sleep_then_cancel(seconds: float) -> None:
+        clock.sleep(seconds)
+        if plane.get_request("r1").state is RequestState.QUEUED:
+            plane.cancel_queued("r1", clock.now)
+
+    assert plane.wait_for_admission("r1", "owner-1", sleep=sleep_then_cancel) is None
+    assert plane.get_request("r1").state is RequestState.CANCELLED
+
+
+def wait_for_the_doorbell(plane: AdmissionPlane, before: object) -> None:
+    """Block (real time, at most 5 s) until ``plane``'s doorbell shows a change since ``before``.
+
+    SQLite's doorbell changes with the ring itself; PostgreSQL's counts a notification on a
+    listener thread, a moment after the commit, which a test clock cannot wait for.
+    """
+    doorbell = plane._ctx.doorbell
+    deadline = time.monotonic() + 5
+    while doorbell is not None and before is not None and doorbell.read() == before:
+        assert time.monotonic() < deadline, "the doorbell never rang"
+        time.sleep(0.001)
+
+
+def test_wait_never_admits_ahead_of_an_older_request(make_plane: Callable[..., AdmissionPlane]) -> None:
+    """While an older request is eligible, a younger request's wait only looks again soon; it never takes the seat."""
+    clock = Clock()
+    plane = make_plane(policy=Policy(2, 2, 0, 1_800_000, 30_000), clock=clock)
+    submit(plane, "older", clock.now, agent_id="agent-a")
+    submit(plane, "younger", clock.now + 1, agent_id="agent-b")
+    looks: list[Any] = []
+
+    def sleep_and_let_the_older_in(seconds: float) -> None:
+        looks.append(seconds)
+        clock.sleep(seconds)
+        if len(looks) == 3:
+            before = plane._ctx.doorbell.read() if plane._ctx.doorbell is not None else None
+            assert plane.admit_request("older", clock.now, "owner-a") is not None
+            wait_for_the_doorbell(plane, before)
+
+    lease = plane.wait_for_admission("younger", "owner-b", sleep=sleep_and_let_the_older_in)
+    assert lease is not None
+    assert lease.request_id == "younger"
+    assert len(looks) == 3
+    # Doorbell reads back off to max_delay_ms; without a doorbell it looks every BEHIND_DELAY_S.
+    assert all(seconds <= 0.004 * 1.5 + 1e-9 for seconds in looks), "behind an older request it looks again soon"
+
+
+def test_wait_refuses_a_bad_timeout_before_any_look(clocked: tuple[AdmissionPlane, Clock]) -> None:
+    """A negative timeout is invalid input."""
+    plane, clock = clocked
+    with pytest.raises(InvalidInputError):
+        plane.wait_for_admission("r1", "owner-1", timeout_ms=-1, sleep=clock.sleep)

@@ -1,0 +1,388 @@
+"""The ``admission-plane`` command line, run as a subprocess against real databases, from outside the source tree."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from admission_plane import AdmissionPlane, ConnectorIdentity, DispatchRecord, Policy
+from admission_plane.evidence import capture
+from admission_plane.keys import CONTENT_KEY_VARIABLE, ENCRYPTION_KEY_VARIABLE
+from admission_plane.service import wall_clock_ms
+
+ENCRYPTION_HEX = "11" * 32
+CONTENT_HEX = "22" * 32
+POLICY = Policy(3, 3, 0, 600_000, 30_000)
+CLI = [sys.executable, "-m", "admission_plane"]
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    """An empty directory outside the source tree: commands must not depend on the current directory."""
+    directory = tmp_path / "elsewhere"
+    directory.mkdir()
+    return directory
+
+
+@pytest.fixture
+def environment(tmp_path: Path) -> dict[str, str]:
+    """A private state directory and no keys in the environment."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ADMISSION_PLANE_") or k.endswith("POSTGRES_URL")}
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    return env
+
+
+def cli(workdir: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m admission_plane ARGS`` in ``workdir``."""
+    return subprocess.run([*CLI, *args], cwd=workdir, env=env, capture_output=True, text=True, timeout=60, check=False)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], fragment: str) -> None:
+    """A non-zero exit with exactly one ``admission-plane: error:`` line and no traceback."""
+    assert result.returncode != 0, result
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("admission-plane: error: ")
+    assert fragment in lines[0]
+
+
+def keyed(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with both keys set."""
+    return {**env, ENCRYPTION_KEY_VARIABLE: ENCRYPTION_HEX, CONTENT_KEY_VARIABLE: CONTENT_HEX}
+
+
+@pytest.fixture
+def migrated(workdir: Path, environment: dict[str, str]) -> str:
+    """An SQLite file upgraded to head through the command line."""
+    database = str(workdir / "plane.sqlite")
+    result = cli(workdir, keyed(environment), "db", "upgrade", "--db", database)
+    assert result.returncode == 0, result.stderr
+    return database
+
+
+@pytest.fixture
+def plane(migrated: str) -> Iterator[AdmissionPlane]:
+    """An in-process plane on the migrated file, with the same keys the commands use."""
+    with AdmissionPlane(
+        migrated,
+        policy=POLICY,
+        encryption_key=bytes.fromhex(ENCRYPTION_HEX),
+        content_fingerprint_key=bytes.fromhex(CONTENT_HEX),
+    ) as opened:
+        yield opened
+
+
+def enqueue(plane: AdmissionPlane, request_id: str, now: int, model: str = "m") -> None:
+    """Queue ``request_id`` with a payload."""
+    plane.enqueue_with_payload(
+        request_id=request_id,
+        session_id="s",
+        agent_id=f"agent-{request_id}",
+        fingerprint="f",
+        provider="p",
+        model=model,
+        now=now,
+        plaintext="secret prompt",
+        expires_at=now + 700_000,
+    )
+
+
+# --- help and the console script -------------------------------------------------------------------
+
+COMMANDS = [
+    [],
+    ["db"],
+    ["db", "upgrade"],
+    ["db", "downgrade"],
+    ["db", "current"],
+    ["db", "check"],
+    ["keys"],
+    ["keys", "init"],
+    ["status"],
+    ["events"],
+    ["reap"],
+    ["release"],
+    ["demo"],
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "top")
+def test_every_command_has_help(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """``--help`` works for every command and subcommand and exits 0 (in-process: argparse only)."""
+    from admission_plane.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--help"])
+    assert exit_info.value.code == 0
+    assert "usage: admission-plane" in capsys.readouterr().out
+
+
+def test_console_script_is_installed(workdir: Path, environment: dict[str, str]) -> None:
+    """The ``admission-plane`` console script runs the same command line."""
+    script = Path(sys.executable).parent / "admission-plane"
+    assert script.exists()
+    result = subprocess.run(
+        [str(script), "--help"], cwd=workdir, env=environment, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0
+    assert "db" in result.stdout
+
+
+# --- db ----------------------------------------------------------------------------------------------
+
+
+def test_db_upgrade_current_check_downgrade_round_trip(workdir: Path, environment: dict[str, str]) -> None:
+    """From any directory, upgrade reaches head, check passes, downgrade to base empties, current follows."""
+    env = keyed(environment)
+    database = str(workdir / "x.sqlite")
+    assert cli(workdir, env, "db", "upgrade", "--db", database).returncode == 0
+    current = json.loads(cli(workdir, env, "db", "current", "--db", database, "--json").stdout)
+    assert current["revision"] == current["head"]
+    assert json.loads(cli(workdir, env, "db", "check", "--db", database, "--json").stdout)["ok"] is True
+    assert cli(workdir, env, "db", "downgrade", "base", "--db", database).returncode == 0
+    assert json.loads(cli(workdir, env, "db", "current", "--db", database, "--json").stdout)["revision"] is None
+    assert cli(workdir, env, "db", "upgrade", "--db", database).returncode == 0
+
+
+def test_db_check_reports_a_database_behind_head_with_status_1(
+    migrated: str, workdir: Path, environment: dict[str, str]
+) -> None:
+    """A database one revision behind head fails ``db check`` with one line and exit status 1."""
+    assert cli(workdir, environment, "db", "downgrade", "-1", "--db", migrated).returncode == 0
+    result = cli(workdir, environment, "db", "check", "--db", migrated)
+    assert_one_line_error(result, "not up to date")
+    assert result.returncode == 1
+
+
+def test_db_upgrade_uses_the_state_directory_and_creates_a_private_key_file(
+    workdir: Path, environment: dict[str, str], tmp_path: Path
+) -> None:
+    """Without --db and keys, upgrade creates the state directory's database and a 0600 key file it never prints."""
+    result = cli(workdir, environment, "db", "upgrade")
+    assert result.returncode == 0, result.stderr
+    state = tmp_path / "state" / "admission-plane"
+    assert (state / "admission.sqlite").exists()
+    key_file = state / "keys"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    for line in key_file.read_text().splitlines():
+        assert line.split("=", 1)[1] not in result.stdout + result.stderr
+    assert cli(workdir, environment, "reap").returncode == 0
+
+
+@pytest.mark.postgres
+def test_db_and_status_commands_work_on_postgresql(
+    postgres_url: str, workdir: Path, environment: dict[str, str]
+) -> None:
+    """The same commands migrate, check and inspect a PostgreSQL database."""
+    env = keyed(environment)
+    assert cli(workdir, env, "db", "upgrade", "--db", postgres_url).returncode == 0
+    assert cli(workdir, env, "db", "check", "--db", postgres_url).returncode == 0
+    assert json.loads(cli(workdir, env, "status", "--db", postgres_url, "--json").stdout)["queue_depth"] == 0
+    assert cli(workdir, env, "reap", "--db", postgres_url).returncode == 0
+    assert "password" not in cli(workdir, env, "db", "current", "--db", postgres_url).stdout
+
+
+# --- status, events, reap ----------------------------------------------------------------------------
+
+
+def test_status_reports_queue_seats_leases_and_cooldowns(
+    plane: AdmissionPlane, migrated: str, workdir: Path, environment: dict[str, str]
+) -> None:
+    """``status --json`` counts queued requests, seats by phase and active cooldowns, without identifiers."""
+    now = wall_clock_ms()
+    enqueue(plane, "r-1", now - 5_000)
+    enqueue(plane, "r-2", now - 4_000)
+    plane.admit_next(now - 3_000, plane.owner_identity.owner_instance_id)
+    plane.set_capacity_cooldown("p", "cool-model", now + 60_000, now)
+    result = cli(workdir, environment, "status", "--db", migrated, "--json")
+    assert result.returncode == 0, result.stderr
+    status = json.loads(result.stdout)
+    assert status["queue_depth"] == 1
+    assert status["oldest_wait_ms"] >= 4_000
+    assert status["seats_in_use"] == 1
+    assert status["leases_by_phase"] == {"admitted": 1}
+    assert [c["model"] for c in status["cooldowns"]] == ["cool-model"]
+    assert status["drain_state"] is None
+    text = cli(workdir, environment, "status", "--db", migrated).stdout
+    assert "seats in use     1 of 8" in text
+    assert "r-1" not in text + result.stdout
+    assert "agent-r-1" not in text + result.stdout
+
+
+def test_events_prints_pages_of_the_sanitized_journal(
+    plane: AdmissionPlane, migrated: str, workdir: Path, environment: dict[str, str]
+) -> None:
+    """``events`` pages the journal with --after/--limit and never prints identifiers or prompts."""
+    now = wall_clock_ms()
+    for index in range(3):
+        enqueue(plane, f"r-{index}", now + index)
+    first = cli(workdir, environment, "events", "--db", migrated, "--limit", "2", "--json")
+    rows = [json.loads(line) for line in first.stdout.splitlines()]
+    assert [row["event_seq"] for row in rows] == [1, 2]
+    assert {row["kind"] for row in rows} == {"request_enqueued"}
+    rest = cli(workdir, environment, "events", "--db", migrated, "--after", "2")
+    assert rest.returncode == 0
+    assert len(rest.stdout.splitlines()) == 1
+    assert "request_enqueued" in rest.stdout
+    assert "secret prompt" not in first.stdout + rest.stdout
+    assert "r-0" not in first.stdout + rest.stdout
+
+
+def test_events_follow_tails_new_events_until_interrupted(
+    plane: AdmissionPlane, migrated: str, workdir: Path, environment: dict[str, str]
+) -> None:
+    """``events --follow`` prints events as they are written and exits 0 on SIGINT."""
+    now = wall_clock_ms()
+    enqueue(plane, "r-a", now)
+    follower = subprocess.Popen(
+        [*CLI, "events", "--db", migrated, "--follow", "--interval", "0.05", "--json"],
+        cwd=workdir,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert follower.stdout is not None
+        assert json.loads(follower.stdout.readline())["event_seq"] == 1
+        enqueue(plane, "r-b", now + 1)
+        assert json.loads(follower.stdout.readline())["event_seq"] == 2
+        follower.send_signal(signal.SIGINT)
+        assert follower.wait(timeout=30) == 0
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+
+
+def test_reap_releases_the_seat_of_a_connector_whose_processes_are_gone(
+    migrated: str, workdir: Path, environment: dict[str, str]
+) -> None:
+    """``reap`` proves a dead connector, child and group gone through /proc and releases the seat."""
+    connector_process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    child_process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        connector = ConnectorIdentity.capture(pid=connector_process.pid)
+        child = capture(child_process.pid)
+        with AdmissionPlane(
+            migrated,
+            policy=POLICY,
+            encryption_key=bytes.fromhex(ENCRYPTION_HEX),
+            content_fingerprint_key=bytes.fromhex(CONTENT_HEX),
+            owner_identity=connector,
+        ) as plane:
+            now = wall_clock_ms()
+            enqueue(plane, "r-dead", now)
+            lease = plane.admit_next(now, connector.owner_instance_id)
+            assert lease is not None
+            plane.mark_starting(lease, now + 1)
+            record = DispatchRecord(
+                request_id="r-dead",
+                lease_id=lease.lease_id,
+                generation=lease.generation,
+                owner_instance_id=connector.owner_instance_id,
+                connector=connector,
+                child=child,
+                prompt_channel="stdin",
+            )
+            assert plane.commit_dispatch_intent(record).ok
+            alive = json.loads(cli(workdir, keyed(environment), "reap", "--db", migrated, "--json").stdout)
+            assert alive["released"] == 0
+            for process in (connector_process, child_process):
+                process.kill()
+                process.wait()
+            result = cli(workdir, keyed(environment), "reap", "--db", migrated, "--json")
+            assert result.returncode == 0, result.stderr
+            assert json.loads(result.stdout)["released"] == 1
+            assert str(plane.get_request("r-dead").state) == "recovery_required"
+    finally:
+        for process in (connector_process, child_process):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+# --- one-line errors ------------------------------------------------------------------------------------
+
+
+def test_missing_database_is_a_one_line_error(workdir: Path, environment: dict[str, str]) -> None:
+    """A database file that does not exist is reported, not created."""
+    for command in (["status"], ["db", "current"]):
+        result = cli(workdir, environment, *command, "--db", str(workdir / "absent.sqlite"))
+        assert_one_line_error(result, "does not exist")
+    assert not (workdir / "absent.sqlite").exists()
+
+
+def test_unmigrated_database_is_a_one_line_error(workdir: Path, environment: dict[str, str]) -> None:
+    """An empty SQLite file is refused with a hint to run ``db upgrade``."""
+    (workdir / "empty.sqlite").touch()
+    assert_one_line_error(cli(workdir, environment, "status", "--db", str(workdir / "empty.sqlite")), "db upgrade")
+
+
+def test_foreign_database_is_a_one_line_error(workdir: Path, environment: dict[str, str]) -> None:
+    """A database that belongs to something else is refused by status, events, reap and check."""
+    import sqlite3
+
+    foreign = workdir / "foreign.sqlite"
+    with sqlite3.connect(foreign) as connection:
+        connection.execute("CREATE TABLE invoices (id INTEGER)")
+    connection.close()
+    for command in (["status"], ["db", "check"]):
+        assert_one_line_error(cli(workdir, environment, *command, "--db", str(foreign)), "not an admission plane")
+    assert_one_line_error(cli(workdir, keyed(environment), "reap", "--db", str(foreign)), "not an admission plane")
+
+
+def test_drifted_database_fails_the_integrity_check(migrated: str, workdir: Path, environment: dict[str, str]) -> None:
+    """An unexpected table in a migrated database makes status and check fail closed, in one line."""
+    import sqlite3
+
+    with sqlite3.connect(migrated) as connection:
+        connection.execute("CREATE TABLE outbox (id INTEGER)")
+    connection.close()
+    assert_one_line_error(cli(workdir, environment, "status", "--db", migrated), "outbox")
+    result = cli(workdir, environment, "db", "check", "--db", migrated)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_key_is_a_one_line_error(migrated: str, workdir: Path, environment: dict[str, str]) -> None:
+    """``reap`` needs keys: with neither variables nor a key file it fails, naming where keys come from."""
+    result = cli(workdir, environment, "reap", "--db", migrated, "--key-file", str(workdir / "no-such-keys"))
+    assert_one_line_error(result, ENCRYPTION_KEY_VARIABLE)
+    half = {**environment, ENCRYPTION_KEY_VARIABLE: ENCRYPTION_HEX}
+    assert_one_line_error(cli(workdir, half, "reap", "--db", migrated), CONTENT_KEY_VARIABLE)
+    bad = {**keyed(environment), CONTENT_KEY_VARIABLE: "not-hex-" + "0" * 56}
+    result = cli(workdir, bad, "reap", "--db", migrated)
+    assert_one_line_error(result, "64 hexadecimal characters")
+    assert "not-hex" not in result.stderr
+
+
+def test_key_file_readable_by_others_is_refused(migrated: str, workdir: Path, environment: dict[str, str]) -> None:
+    """A key file with group or other permissions is refused; ``keys init`` writes a 0600 file."""
+    key_file = workdir / "private" / "keys"  # keys init creates the directory 0700; workdir may be 0755
+    result = cli(workdir, environment, "keys", "init", "--key-file", str(key_file))
+    assert result.returncode == 0, result.stderr
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert cli(workdir, environment, "reap", "--db", migrated, "--key-file", str(key_file)).returncode == 0
+    key_file.chmod(0o644)
+    assert_one_line_error(
+        cli(workdir, environment, "reap", "--db", migrated, "--key-file", str(key_file)), "accessible by other users"
+    )
+    assert_one_line_error(cli(workdir, environment, "keys", "init", "--key-file", str(key_file)), "already exists")
+
+
+@pytest.mark.parametrize("url", ["mysql://localhost/db", "sqlite://", "postgresql+psycopg://u:hunter2@127.0.0.1:1/x"])
+def test_bad_or_unreachable_url_is_a_one_line_error(url: str, workdir: Path, environment: dict[str, str]) -> None:
+    """Unsupported, in-memory and unreachable database URLs fail in one line that never shows a password."""
+    result = cli(workdir, environment, "status", "--db", url)
+    assert_one_line_error(result, "")
+    assert "hunter2" not in result.stderr
