@@ -67,6 +67,12 @@ the same in process::
 Errors: refusals raise :class:`TmuxOwnerError` whose ``code`` is the seed's bare code
 (``generation_replay``, ``verdict_lock_contended``, ...); a malformed record raises
 :class:`InvalidRecordError`.
+
+Files: a record appears under its name whole or not at all (a fsynced temporary file,
+then a rename or, for immutable records, a hard link that never replaces), so a process
+killed at any moment leaves the old state or the new one. Nothing below ``state_dir`` is
+followed through a symlink (``untrusted_root``, ``untrusted_lifecycle_file``); the state
+directory itself may be one.
 """
 
 from ._bootstrap import BootstrapDependencies, BootstrapRequest, BootstrapResult, bootstrap_owner_isolation

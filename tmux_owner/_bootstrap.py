@@ -9,7 +9,6 @@ generation is still the one the plan saw, and answers with a receipt naming the 
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Self
@@ -26,10 +25,12 @@ from ._argv import (
     validate_argv,
 )
 from ._cgroup import classify_cgroup
-from ._errors import InvalidRecordError
+from ._dirfd import LifecycleDir
+from ._errors import InvalidRecordError, TmuxOwnerError
 from ._execute import SpawnResult, is_exact_scoped_bootstrap_success_receipt
-from ._files import GENERATION_LOCK_WAIT_MS, LifecyclePaths, acquire_lock, lifecycle_paths, read_json_record
-from ._generations import OwnerGenerationBaseline, capture_owner_generation_baseline
+from ._files import GENERATION_LOCK_WAIT_MS, LifecyclePaths, lifecycle_paths, open_lifecycle
+from ._generations import OwnerGenerationBaseline, capture_in
+from ._locks import acquire_lock
 from ._plan import ATTEMPT_LIFETIME_MS
 from ._plan_records import AttemptCapability, PersistedAttempt, write_attempt
 from ._server_proof import TmuxServerProof, is_safe_server_proof
@@ -41,6 +42,7 @@ from ._validators import (
     has_exact_keys,
     is_record,
     is_schema_one,
+    of_type,
     require,
     validate_non_empty,
     validate_path_component,
@@ -75,9 +77,7 @@ class BootstrapRequest:
     socket_key: str = attrs.field(validator=validate_non_empty)
     expected_scope: str = attrs.field(validator=validate_non_empty)
     tmux_argv: tuple[str, ...] = attrs.field(converter=argv_tuple, validator=validate_argv)
-    attempt: AttemptCapability = attrs.field(
-        validator=[attrs.validators.instance_of(AttemptCapability), _validate_attempt_bound]
-    )
+    attempt: AttemptCapability = attrs.field(validator=[of_type(AttemptCapability), _validate_attempt_bound])
 
     KEYS = (
         "schema_version", "op", "session_id", "owner_generation", "state_dir",
@@ -177,8 +177,8 @@ def _matches_persisted(record: dict[str, Any] | None, request: BootstrapRequest)
     )
 
 
-def _baseline_unchanged(request: BootstrapRequest) -> bool:
-    current: OwnerGenerationBaseline = capture_owner_generation_baseline(request.state_dir, request.session_id)
+def _baseline_unchanged(directory: LifecycleDir, request: BootstrapRequest) -> bool:
+    current: OwnerGenerationBaseline = capture_in(directory, request.session_id)
     return current == request.attempt.baseline
 
 
@@ -191,7 +191,9 @@ def bootstrap_owner_isolation(request: BootstrapRequest | object, deps: Bootstra
     ``gjc-owner-<token>.scope``; the argv is spawned under the lock again while the
     baseline still holds; the spawned session's ``$N`` and a structurally safe server
     proof make the receipt. A corrupt ``generation.json`` during the first step raises
-    ``baseline_generation_corrupt``, as in the seed.
+    ``baseline_generation_corrupt``, as in the seed; beyond the seed, a symlinked session
+    or lifecycle directory raises ``untrusted_root`` and a symlinked lock database
+    ``untrusted_lifecycle_file``, before anything is consumed.
     """
     if not isinstance(request, BootstrapRequest):
         try:
@@ -199,13 +201,34 @@ def bootstrap_owner_isolation(request: BootstrapRequest | object, deps: Bootstra
         except InvalidRecordError:
             return BootstrapResult.failed("invalid_bootstrap_request")
     paths = lifecycle_paths(request.state_dir, request.session_id, request.owner_generation)
-    lock = acquire_lock(paths.root, paths.lock_database_file, GENERATION_LOCK_WAIT_MS)
+    directory = open_lifecycle(paths)
+    if directory is None:
+        # Without a lifecycle directory there is no persisted attempt; nothing is created to say so.
+        return BootstrapResult.failed("attempt_capability_invalid")
+    with directory:
+        refusal = _consume_attempt(request, deps, paths, directory)
+        if refusal is not None:
+            return refusal
+        progress = _Progress()
+        try:
+            return _spawn_in_proved_scope(request, deps, directory, progress)
+        except Exception:  # noqa: BLE001 - after consumption every failure is one of two verdicts
+            return BootstrapResult.failed(
+                "bootstrap_cleanup_uncertain" if progress.spawned else "bootstrap_execution_failed"
+            )
+
+
+def _consume_attempt(
+    request: BootstrapRequest, deps: BootstrapDependencies, paths: LifecyclePaths, directory: LifecycleDir
+) -> BootstrapResult | None:
+    """Under the generation lock, check the persisted attempt and rename it ``.consumed``; a refusal, or ``None``."""
+    lock = acquire_lock(directory, GENERATION_LOCK_WAIT_MS)
     if lock is None:
         return BootstrapResult.failed("generation_lock_contended")
     with lock:
-        attempt_file = paths.attempt_file(request.attempt.token)
-        recorded = read_json_record(attempt_file)
-        baseline_matches = _baseline_unchanged(request)
+        attempt_file = paths.attempt_file(request.attempt.token).name
+        recorded = directory.read_json(attempt_file)
+        baseline_matches = _baseline_unchanged(directory, request)
         if (
             not baseline_matches
             or not _matches_persisted(recorded, request)
@@ -218,16 +241,10 @@ def bootstrap_owner_isolation(request: BootstrapRequest | object, deps: Bootstra
         if expires_at is None or expires_at <= now or expires_at > now + ATTEMPT_LIFETIME_MS:
             return BootstrapResult.failed("attempt_capability_expired")
         try:
-            os.rename(attempt_file, f"{attempt_file}.consumed")
-        except OSError:
+            directory.rename(attempt_file, f"{attempt_file}.consumed")
+        except (OSError, TmuxOwnerError):
             return BootstrapResult.failed("attempt_capability_replayed")
-    progress = _Progress()
-    try:
-        return _spawn_in_proved_scope(request, deps, paths, progress)
-    except Exception:  # noqa: BLE001 - after consumption every failure is one of two verdicts
-        return BootstrapResult.failed(
-            "bootstrap_cleanup_uncertain" if progress.spawned else "bootstrap_execution_failed"
-        )
+    return None
 
 
 @attrs.define
@@ -236,7 +253,7 @@ class _Progress:
 
 
 def _spawn_in_proved_scope(
-    request: BootstrapRequest, deps: BootstrapDependencies, paths: LifecyclePaths, progress: _Progress
+    request: BootstrapRequest, deps: BootstrapDependencies, directory: LifecycleDir, progress: _Progress
 ) -> BootstrapResult:
     control_argv = tmux_control_argv(request.tmux_argv)
     if not control_argv:
@@ -244,11 +261,11 @@ def _spawn_in_proved_scope(
     cgroup = classify_cgroup("linux", deps.read_self_cgroup())
     if cgroup.classification != "safe" or request.expected_scope not in (cgroup.scope or "").split("/"):
         return BootstrapResult.failed("scope_self_proof_failed")
-    lock = acquire_lock(paths.root, paths.lock_database_file, GENERATION_LOCK_WAIT_MS)
+    lock = acquire_lock(directory, GENERATION_LOCK_WAIT_MS)
     if lock is None:
         return BootstrapResult.failed("generation_lock_contended")
     with lock:
-        if not _baseline_unchanged(request):
+        if not _baseline_unchanged(directory, request):
             return BootstrapResult.failed("attempt_capability_invalid")
         spawn = deps.spawn(list(request.tmux_argv))
     progress.spawned = spawn.exit_code == 0

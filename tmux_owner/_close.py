@@ -13,14 +13,17 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 
-from ._errors import TmuxOwnerError
-from ._files import GENERATION_LOCK_WAIT_MS, RetiredIntentSuffix, acquire_lock, lifecycle_paths, read_json_record
-from ._generations import is_current_owner_generation
-from ._intents import create_owner_intent
+from ._dirfd import LifecycleDir
+from ._errors import InvalidRecordError, TmuxOwnerError
+from ._files import GENERATION_LOCK_WAIT_MS, LifecyclePaths, RetiredIntentSuffix, lifecycle_paths, open_lifecycle
+from ._generations import GENERATION_FILE
+from ._intents import OwnerIntent, create_owner_intent
 from ._jscompat import is_safe_integer
+from ._locks import acquire_lock
 from ._procstat import read_linux_proc_start_time
 from ._timestamps import current_ms, parse_timestamp_ms
 from ._validators import field_validator, validate_non_empty
@@ -67,7 +70,7 @@ def verdict_poller(request: ExactOwnerCloseRequest) -> Callable[[], OwnerVerdict
         paths = lifecycle_paths(request.state_dir, request.session_id, request.generation)
         expires_ms = parse_timestamp_ms(request.expires_at) or 0
         while True:
-            value = read_json_record(paths.verdict_file)
+            value = _read_verdict(paths)
             if value is not None:
                 try:
                     verdict = OwnerVerdict.from_json(value)
@@ -80,6 +83,14 @@ def verdict_poller(request: ExactOwnerCloseRequest) -> Callable[[], OwnerVerdict
             time.sleep(VERDICT_POLL_SECONDS)
 
     return wait
+
+
+def _read_verdict(paths: LifecyclePaths) -> dict[str, Any] | None:
+    directory = open_lifecycle(paths)
+    if directory is None:
+        return None
+    with directory:
+        return directory.read_json(paths.verdict_file.name)
 
 
 @attrs.frozen(kw_only=True)
@@ -106,19 +117,56 @@ def close_exact_tmux_owner(
     ``owner_term_verdict_timeout`` (the intent is renamed ``.expired``), or whatever
     ``send_sigterm`` raised (the intent is renamed ``.cancelled``). Cleanup runs only
     after a verdict that names this close's intent.
+
+    Beyond the seed: anything but an :class:`ExactOwnerCloseRequest` raises
+    ``InvalidRecordError``; a session without a lifecycle directory is refused
+    (``owner_pid_identity_mismatch`` or ``owner_generation_mismatch``) without creating
+    one; a symlinked directory or lock database raises ``untrusted_root`` /
+    ``untrusted_lifecycle_file``.
     """
+    given: object = request  # callers outside the type checker may pass anything
+    if not isinstance(given, ExactOwnerCloseRequest):
+        raise InvalidRecordError(ExactOwnerCloseRequest.__name__)
     deps = deps or ExactOwnerCloseDependencies()
     wait_for_verdict = deps.wait_for_verdict or verdict_poller(request)
     paths = lifecycle_paths(request.state_dir, request.session_id, request.generation)
+    directory = open_lifecycle(paths)
+    if directory is None:
+        # No lifecycle directory means no current generation; refuse without creating one.
+        if deps.read_start_time(request.pid) != request.start_time:
+            raise TmuxOwnerError("owner_pid_identity_mismatch")
+        raise TmuxOwnerError("owner_generation_mismatch")
+    with directory:
+        intent = _signal_under_lock(request, deps, paths, directory)
+    verdict = wait_for_verdict()
+    if verdict is None or verdict.intent_id != intent.intent_id or verdict.classification != EXPECTED:
+        _retire(paths, ".expired")
+        raise TmuxOwnerError("owner_term_verdict_timeout")
+    deps.cleanup_session()
+    return verdict
 
-    def retire(suffix: RetiredIntentSuffix) -> None:
-        with contextlib.suppress(OSError):
-            os.rename(paths.intent_file, paths.retired_intent_file(suffix))
 
+def _retire(paths: LifecyclePaths, suffix: RetiredIntentSuffix, directory: LifecycleDir | None = None) -> None:
+    """Rename the pending intent to its terminal form; failures are ignored, as in the seed."""
+    with contextlib.suppress(OSError, TmuxOwnerError):
+        opened = directory or open_lifecycle(paths)
+        if opened is None:
+            return
+        try:
+            opened.rename(paths.intent_file.name, paths.retired_intent_file(suffix).name)
+        finally:
+            if directory is None:
+                opened.close()
+
+
+def _signal_under_lock(
+    request: ExactOwnerCloseRequest, deps: ExactOwnerCloseDependencies, paths: LifecyclePaths, directory: LifecycleDir
+) -> OwnerIntent:
     def generation_is_current() -> bool:
-        return is_current_owner_generation(request.state_dir, request.session_id, request.generation)
+        record = directory.read_json(GENERATION_FILE)
+        return record is not None and record.get("generation") == request.generation
 
-    lock = acquire_lock(paths.root, paths.lock_database_file, GENERATION_LOCK_WAIT_MS)
+    lock = acquire_lock(directory, GENERATION_LOCK_WAIT_MS)
     if lock is None:
         raise TmuxOwnerError("generation_lock_contended")
     with lock:
@@ -136,11 +184,11 @@ def close_exact_tmux_owner(
             expires_at=request.expires_at,
         )
         if not generation_is_current():
-            retire(".cancelled")
+            _retire(paths, ".cancelled", directory)
             raise TmuxOwnerError("owner_generation_mismatch")
         expires_ms = parse_timestamp_ms(intent.expires_at)
         if expires_ms is None or expires_ms <= current_ms():
-            retire(".expired")
+            _retire(paths, ".expired", directory)
             raise TmuxOwnerError("owner_term_verdict_timeout")
         try:
             if deps.read_start_time(request.pid) != request.start_time:
@@ -149,11 +197,6 @@ def close_exact_tmux_owner(
                 raise TmuxOwnerError("owner_generation_mismatch")
             deps.send_sigterm(request.pid)
         except BaseException:
-            retire(".cancelled")
+            _retire(paths, ".cancelled", directory)
             raise
-    verdict = wait_for_verdict()
-    if verdict is None or verdict.intent_id != intent.intent_id or verdict.classification != EXPECTED:
-        retire(".expired")
-        raise TmuxOwnerError("owner_term_verdict_timeout")
-    deps.cleanup_session()
-    return verdict
+    return intent

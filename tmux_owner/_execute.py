@@ -24,7 +24,7 @@ from ._plan_records import (
     ScopedExecution,
 )
 from ._server_proof import TmuxServerProof, is_safe_server_proof
-from ._validators import is_schema_one, non_empty
+from ._validators import is_schema_one, non_empty, one_of
 
 
 @attrs.frozen
@@ -69,7 +69,7 @@ class ExecutionSuccess:
 class ExecutionFailure:
     """An execution that did not end in a proved owner session (no ``schema_version``, as in the seed)."""
 
-    code: PlanErrorCode = attrs.field(validator=attrs.validators.in_(PLAN_ERROR_CODES))
+    code: PlanErrorCode = attrs.field(validator=one_of(PLAN_ERROR_CODES))
     diagnostic: str
     ok: Literal[False] = False
 
@@ -210,7 +210,8 @@ RECEIPT_KEYS = (
 
 def is_exact_scoped_bootstrap_success_receipt(stdout: str) -> bool:
     """Whether ``stdout`` is exactly one successful bootstrap receipt line (7 keys, proved server)."""
-    if utf8_length(stdout) > MAX_LINE_BYTES:
+    given: object = stdout  # callers outside the type checker may pass anything
+    if not isinstance(given, str) or utf8_length(given) > MAX_LINE_BYTES:
         return False
     line = stdout[:-1] if stdout.endswith("\n") else stdout
     if not line or "\n" in line or "\r" in line:

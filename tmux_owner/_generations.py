@@ -11,22 +11,16 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from pathlib import Path
 from typing import Any, Literal, Self, get_args
 
 import attrs
 
+from ._dirfd import LifecycleDir
+from ._durable import publish_record, replace_record, sweep_temporaries
 from ._errors import InvalidRecordError, TmuxOwnerError
-from ._files import (
-    GENERATION_LOCK_WAIT_MS,
-    acquire_lock,
-    atomic_write,
-    exists_no_follow,
-    lifecycle_paths,
-    publish_exclusive,
-    read_json_record,
-)
+from ._files import GENERATION_LOCK_WAIT_MS, LifecyclePaths, create_lifecycle, lifecycle_paths, open_lifecycle
 from ._jscompat import dumps, js_number
+from ._locks import acquire_lock
 from ._timestamps import iso_now
 from ._validators import (
     SCHEMA_VERSION,
@@ -34,6 +28,8 @@ from ._validators import (
     has_exact_keys,
     is_record,
     is_schema_one,
+    of_type,
+    one_of,
     record_with_exact_keys,
     require,
     validate_canonical_timestamp,
@@ -45,6 +41,7 @@ from ._validators import (
 BaselineState = Literal["absent", "current"]
 GENERATION_KEYS = ("schema_version", "generation", "session_id", "published_at")
 _CURRENT_BASELINE_KEYS = ("state", *GENERATION_KEYS)
+GENERATION_FILE = "generation.json"
 
 
 @attrs.frozen
@@ -85,7 +82,7 @@ class OwnerGenerationBaseline:
     Two baselines are the same exactly when they are equal.
     """
 
-    state: BaselineState = attrs.field(validator=attrs.validators.in_(get_args(BaselineState)))
+    state: BaselineState = attrs.field(validator=one_of(get_args(BaselineState)))
     record: GenerationRecord | None = attrs.field(default=None, validator=_validate_baseline_record)
 
     @classmethod
@@ -139,8 +136,16 @@ def same_owner_generation_baseline(left: OwnerGenerationBaseline, right: OwnerGe
 
 
 def read_generation_record(state_dir: str | os.PathLike[str], session_id: str) -> dict[str, Any] | None:
-    """The raw current-generation object, or ``None`` when absent, corrupt or a symlink (the seed's ``readJson``)."""
-    return read_json_record(lifecycle_paths(state_dir, session_id, "baseline").generation_file)
+    """The raw current-generation object, or ``None`` when absent, corrupt or a symlink (the seed's ``readJson``).
+
+    Raises ``untrusted_root`` when the session or lifecycle directory is a symlink.
+    """
+    paths = lifecycle_paths(state_dir, session_id, "baseline")
+    directory = open_lifecycle(paths)
+    if directory is None:
+        return None
+    with directory:
+        return directory.read_json(paths.generation_file.name)
 
 
 def is_current_owner_generation(state_dir: str | os.PathLike[str], session_id: str, generation: str) -> bool:
@@ -154,12 +159,21 @@ def capture_owner_generation_baseline(state_dir: str | os.PathLike[str], session
 
     Returns the absent baseline when nothing exists at that name; raises
     ``baseline_generation_corrupt`` for anything that is not exactly this session's
-    generation record, including a symlink (which is never followed).
+    generation record, including a symlink (which is never followed), and
+    ``untrusted_root`` when the session or lifecycle directory is a symlink.
     """
-    file = lifecycle_paths(state_dir, session_id, "baseline").generation_file
-    if not exists_no_follow(file):
+    directory = open_lifecycle(lifecycle_paths(state_dir, session_id, "baseline"))
+    if directory is None:
         return OwnerGenerationBaseline.absent()
-    value = read_json_record(file)
+    with directory:
+        return capture_in(directory, session_id)
+
+
+def capture_in(directory: LifecycleDir, session_id: str) -> OwnerGenerationBaseline:
+    """:func:`capture_owner_generation_baseline` in an open lifecycle directory."""
+    if not directory.exists(GENERATION_FILE):
+        return OwnerGenerationBaseline.absent()
+    value = directory.read_json(GENERATION_FILE)
     try:
         record = GenerationRecord.from_json(value)
     except InvalidRecordError as error:
@@ -172,7 +186,7 @@ def capture_owner_generation_baseline(state_dir: str | os.PathLike[str], session
 def is_owner_generation_baseline_current(
     state_dir: str | os.PathLike[str], session_id: str, baseline: OwnerGenerationBaseline
 ) -> bool:
-    """Whether ``generation.json`` still matches ``baseline``; a corrupt pointer is never current."""
+    """Whether ``generation.json`` still matches ``baseline``; a corrupt pointer or an untrusted directory never is."""
     try:
         current = capture_owner_generation_baseline(state_dir, session_id)
     except TmuxOwnerError:
@@ -196,7 +210,15 @@ def replace_owner_generation(
     even if a later step fails), make sure the previous generation's marker exists
     with the same content, replace the pointer, and invalidate the previous
     generation's pending intent. Returns the published generation.
+
+    Beyond the seed: an ``expected_baseline`` naming a generation, for a session that
+    has no lifecycle directory, loses the CAS without creating one; a baseline of
+    another type raises ``InvalidRecordError``; a symlinked directory or lock database
+    raises ``untrusted_root`` / ``untrusted_lifecycle_file``.
     """
+    given: object = expected_baseline  # callers outside the type checker may pass anything
+    if given is not None and not isinstance(given, OwnerGenerationBaseline):
+        raise InvalidRecordError(OwnerGenerationBaseline.__name__)
     return _publish(state_dir, session_id, str(uuid.uuid4()) if generation is None else generation, expected_baseline)
 
 
@@ -208,44 +230,67 @@ def _publish(
     *,
     strict_cas: bool = False,
 ) -> str:
+    # The seed's two publishers spell a lost CAS differently.
+    changed = "baseline_generation_changed" if strict_cas else "generation_baseline_changed"
     paths = lifecycle_paths(state_dir, session_id, generation)
-    lock = acquire_lock(paths.root, paths.lock_database_file, GENERATION_LOCK_WAIT_MS)
-    if lock is None:
-        raise TmuxOwnerError("generation_lock_contended")
-    with lock:
-        # The seed's two publishers spell a lost CAS differently, and only the strict
-        # (canonical) one reads a corrupt pointer as "changed" rather than "corrupt".
-        if (
-            strict_cas
-            and expected_baseline is not None
-            and not is_owner_generation_baseline_current(state_dir, session_id, expected_baseline)
-        ):
-            raise TmuxOwnerError("baseline_generation_changed")
-        current = capture_owner_generation_baseline(state_dir, session_id)
-        if expected_baseline is not None and not same_owner_generation_baseline(current, expected_baseline):
-            raise TmuxOwnerError("generation_baseline_changed")
-        previous = current.record
-        prior = None
-        if previous is not None and previous.generation != generation:
-            prior = lifecycle_paths(state_dir, session_id, previous.generation)
-        published = GenerationRecord(generation=generation, session_id=session_id, published_at=iso_now())
-        if not publish_exclusive(paths.generation_marker_file, published.to_json()):
-            raise TmuxOwnerError("generation_replay")
-        if prior is not None and previous is not None:
-            _ensure_generation_marker(prior.generation_marker_file, previous)
-        atomic_write(paths.generation_file, published.to_json())
-        if prior is not None:
-            intent = read_json_record(prior.intent_file)
-            if intent is not None and intent.get("state") == "pending":
-                with contextlib.suppress(OSError):
-                    os.rename(prior.intent_file, prior.retired_intent_file(".invalidated"))
-        return generation
+    directory = open_lifecycle(paths)
+    if directory is None:
+        # No directory means no current generation: a refused CAS must not create one.
+        if expected_baseline is not None and expected_baseline.record is not None:
+            raise TmuxOwnerError(changed)
+        directory = create_lifecycle(paths)
+    with directory:
+        lock = acquire_lock(directory, GENERATION_LOCK_WAIT_MS)
+        if lock is None:
+            raise TmuxOwnerError("generation_lock_contended")
+        with lock:
+            sweep_temporaries(directory)
+            return _publish_locked(directory, paths, expected_baseline, changed, strict_cas=strict_cas)
 
 
-def _ensure_generation_marker(file: Path, record: GenerationRecord) -> None:
-    if publish_exclusive(file, record.to_json()):
+def _publish_locked(
+    directory: LifecycleDir,
+    paths: LifecyclePaths,
+    expected_baseline: OwnerGenerationBaseline | None,
+    changed: str,
+    *,
+    strict_cas: bool,
+) -> str:
+    session_id, generation = paths.session_id, paths.generation
+    # Only the strict (canonical) publisher reads a corrupt pointer as "changed" rather than "corrupt".
+    if strict_cas and expected_baseline is not None:
+        try:
+            current_or_corrupt: OwnerGenerationBaseline | None = capture_in(directory, session_id)
+        except TmuxOwnerError:
+            current_or_corrupt = None
+        if current_or_corrupt != expected_baseline:
+            raise TmuxOwnerError(changed)
+    current = capture_in(directory, session_id)
+    if expected_baseline is not None and not same_owner_generation_baseline(current, expected_baseline):
+        raise TmuxOwnerError(changed)
+    previous = current.record
+    prior = None
+    if previous is not None and previous.generation != generation:
+        prior = lifecycle_paths(paths.state_dir, session_id, previous.generation)
+    published = GenerationRecord(generation=generation, session_id=session_id, published_at=iso_now())
+    if not publish_record(directory, paths.generation_marker_file.name, published.to_json()):
+        raise TmuxOwnerError("generation_replay")
+    if prior is not None and previous is not None:
+        _ensure_generation_marker(directory, prior.generation_marker_file.name, previous)
+    replace_record(directory, GENERATION_FILE, published.to_json())
+    if prior is not None:
+        intent = directory.read_json(prior.intent_file.name)
+        if intent is not None and intent.get("state") == "pending":
+            # The seed ignores a failed invalidation: the intent is no longer current either way.
+            with contextlib.suppress(OSError, TmuxOwnerError):
+                directory.rename(prior.intent_file.name, prior.retired_intent_file(".invalidated").name)
+    return generation
+
+
+def _ensure_generation_marker(directory: LifecycleDir, name: str, record: GenerationRecord) -> None:
+    if publish_record(directory, name, record.to_json()):
         return
-    existing = read_json_record(file)
+    existing = directory.read_json(name)
     if existing is None or dumps(existing) != dumps(record.to_json()):
         raise TmuxOwnerError("generation_replay")
 
@@ -260,7 +305,7 @@ class PublishGenerationRequest:
     session_id: str = attrs.field(validator=[validate_non_empty, validate_path_component])
     owner_generation: str = attrs.field(validator=[validate_non_empty, validate_path_component])
     state_dir: str = attrs.field(validator=validate_non_empty)
-    baseline: OwnerGenerationBaseline = attrs.field(validator=attrs.validators.instance_of(OwnerGenerationBaseline))
+    baseline: OwnerGenerationBaseline = attrs.field(validator=of_type(OwnerGenerationBaseline))
 
     _KEYS = ("schema_version", "op", "session_id", "owner_generation", "state_dir", "baseline")
 
@@ -324,11 +369,14 @@ class PublishGenerationResult:
         }
 
 
-def publish_owner_generation(request: PublishGenerationRequest) -> PublishGenerationResult:
+def publish_owner_generation(request: PublishGenerationRequest | object) -> PublishGenerationResult:
     """The seed's canonical CAS publication: the baseline must be current, else ``baseline_generation_changed``.
 
     A corrupt ``generation.json`` never matches a baseline, so it also reads as changed.
+    ``request`` may be the record or its parsed JSON (``InvalidRecordError`` if malformed).
     """
+    if not isinstance(request, PublishGenerationRequest):
+        request = PublishGenerationRequest.from_json(request)
     generation = _publish(
         request.state_dir, request.session_id, request.owner_generation, request.baseline, strict_cas=True
     )

@@ -13,8 +13,9 @@ from typing import Any, Final, Literal, Self, get_args
 
 import attrs
 
+from ._durable import publish_record, sweep_temporaries
 from ._errors import InvalidRecordError, TmuxOwnerError
-from ._files import RETIRED_INTENT_SUFFIXES, ensure_directory, exists_no_follow, lifecycle_paths, publish_exclusive
+from ._files import RETIRED_INTENT_SUFFIXES, create_lifecycle, lifecycle_paths
 from ._jscompat import js_number
 from ._timestamps import parse_timestamp_ms
 from ._validators import (
@@ -23,6 +24,7 @@ from ._validators import (
     field_validator,
     has_exact_keys,
     is_record,
+    one_of,
     require,
     validate_non_empty,
     validate_path_component,
@@ -72,7 +74,7 @@ class OwnerIntent:
     expires_at: str = attrs.field(
         validator=[field_validator(_is_parsable_timestamp), _validate_not_expired_before_created]
     )
-    state: IntentState = attrs.field(default="pending", validator=attrs.validators.in_(get_args(IntentState)))
+    state: IntentState = attrs.field(default="pending", validator=one_of(get_args(IntentState)))
     schema_version: int = attrs.field(default=SCHEMA_VERSION, converter=js_number, validator=validate_schema_one)
 
     @classmethod
@@ -119,8 +121,9 @@ def create_owner_intent(
     """Publish the one pending SIGTERM intent of ``generation`` (exclusive create, 0600, fsynced).
 
     Raises ``owner_intent_invalid`` for an invalid intent (nothing is written) and
-    ``owner_intent_replay`` when the generation already has an intent in any state.
-    Timestamps are not compared with the clock here.
+    ``owner_intent_replay`` when the generation already has an intent in any state (a
+    symlink at any of those names counts). Timestamps are not compared with the clock
+    here. Beyond the seed: a symlinked session or lifecycle directory raises ``untrusted_root``.
     """
     try:
         intent = OwnerIntent(
@@ -135,10 +138,11 @@ def create_owner_intent(
     except (TypeError, ValueError) as error:
         raise TmuxOwnerError("owner_intent_invalid") from error
     paths = lifecycle_paths(state_dir, session_id, generation)
-    ensure_directory(paths.root)
-    candidates = [paths.intent_file, *(paths.retired_intent_file(suffix) for suffix in RETIRED_INTENT_SUFFIXES)]
-    if any(exists_no_follow(candidate) for candidate in candidates):
-        raise TmuxOwnerError("owner_intent_replay")
-    if not publish_exclusive(paths.intent_file, intent.to_json()):
-        raise TmuxOwnerError("owner_intent_replay")
+    with create_lifecycle(paths) as directory:
+        sweep_temporaries(directory)
+        candidates = [paths.intent_file, *(paths.retired_intent_file(suffix) for suffix in RETIRED_INTENT_SUFFIXES)]
+        if any(directory.exists(candidate.name) for candidate in candidates):
+            raise TmuxOwnerError("owner_intent_replay")
+        if not publish_record(directory, paths.intent_file.name, intent.to_json()):
+            raise TmuxOwnerError("owner_intent_replay")
     return intent

@@ -89,10 +89,18 @@ def dumps_line(value: Any) -> bytes:
 
 
 def loads(text: str | bytes) -> Any:
-    """Parse JSON as JavaScript's ``JSON.parse`` would, but refuse NaN/Infinity and lone surrogates."""
+    """Parse JSON as JavaScript's ``JSON.parse`` would, but refuse NaN/Infinity and lone surrogates.
+
+    Every refusal is a ``ValueError``, including nesting too deep for Python's recursive
+    parser: no record the package reads is more than a few levels deep, so such text is
+    malformed input, never an internal failure.
+    """
     if isinstance(text, bytes):
         text = text.decode("utf-8")
-    value = json.loads(text, parse_constant=_reject_constant)
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError as error:
+        raise ValueError("JSON nested too deeply") from error
     _reject_surrogates(value)
     return value
 
@@ -102,15 +110,17 @@ def _reject_constant(name: str) -> Any:
 
 
 def _reject_surrogates(value: Any) -> None:
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as error:
-            raise ValueError("lone surrogate in JSON string") from error
-    elif isinstance(value, list):
-        for item in value:
-            _reject_surrogates(item)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _reject_surrogates(key)
-            _reject_surrogates(item)
+    # Iterative, so a structure the parser accepted never exhausts the stack here.
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as error:
+                raise ValueError("lone surrogate in JSON string") from error
+        elif isinstance(item, list):
+            pending.extend(item)
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())

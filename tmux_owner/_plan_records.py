@@ -13,8 +13,9 @@ import attrs
 
 from ._argv import argv_tuple, is_valid_argv, validate_argv
 from ._cgroup import CgroupInfo
+from ._durable import publish_record
 from ._errors import InvalidRecordError
-from ._files import ensure_directory, lifecycle_paths, publish_exclusive
+from ._files import create_lifecycle, lifecycle_paths
 from ._generations import OwnerGenerationBaseline
 from ._jscompat import safe_diagnostic
 from ._server_proof import ServerState
@@ -26,6 +27,8 @@ from ._validators import (
     has_only_keys,
     is_record,
     is_schema_one,
+    of_type,
+    one_of,
     validate_bool,
     validate_non_empty,
     validate_path_component,
@@ -53,14 +56,14 @@ class PlanRequest:
     Beyond the seed: ``session_id`` and ``owner_generation`` must be safe path components.
     """
 
-    platform: str = attrs.field(validator=attrs.validators.in_(PLATFORMS))
+    platform: str = attrs.field(validator=one_of(PLATFORMS))
     session_id: str = attrs.field(validator=[validate_non_empty, validate_path_component])
     owner_generation: str = attrs.field(validator=[validate_non_empty, validate_path_component])
-    cwd: str = attrs.field(validator=attrs.validators.instance_of(str))
+    cwd: str = attrs.field(validator=of_type(str))
     state_dir: str = attrs.field(validator=validate_non_empty)
     socket_key: str = attrs.field(validator=validate_non_empty)
     tmux_argv: tuple[str, ...] = attrs.field(converter=argv_tuple, validator=validate_argv)
-    baseline: OwnerGenerationBaseline = attrs.field(validator=attrs.validators.instance_of(OwnerGenerationBaseline))
+    baseline: OwnerGenerationBaseline = attrs.field(validator=of_type(OwnerGenerationBaseline))
 
     KEYS = (
         "schema_version", "op", "platform", "session_id", "owner_generation",
@@ -110,7 +113,7 @@ class AttemptCapability:
     session_name: str = attrs.field(validator=validate_non_empty)
     socket_key: str = attrs.field(validator=validate_non_empty)
     server_absent_before: bool = attrs.field(validator=validate_bool)
-    baseline: OwnerGenerationBaseline = attrs.field(validator=attrs.validators.instance_of(OwnerGenerationBaseline))
+    baseline: OwnerGenerationBaseline = attrs.field(validator=of_type(OwnerGenerationBaseline))
     expires_at: str = attrs.field(validator=[validate_non_empty, field_validator(is_js_date)])
 
     KEYS = ("token", "session_name", "socket_key", "server_absent_before", "baseline", "expires_at")
@@ -183,11 +186,11 @@ def write_attempt(
 ) -> PersistedAttempt:
     """Publish ``attempt-<token>.json`` exclusively (0600, fsynced); ``FileExistsError`` if it exists."""
     paths = lifecycle_paths(state_dir, session_id, generation)
-    ensure_directory(paths.root)
     persisted = PersistedAttempt(generation, session_id, attempt, created_at or iso_now())
     file = paths.attempt_file(attempt.token)
-    if not publish_exclusive(file, persisted.to_json()):
-        raise FileExistsError(str(file))
+    with create_lifecycle(paths) as directory:
+        if not publish_record(directory, file.name, persisted.to_json()):
+            raise FileExistsError(str(file))
     return persisted
 
 
@@ -275,7 +278,7 @@ class PlanSuccess:
 class PlanFailure:
     """A refused plan; ``diagnostic`` is sanitised like the seed's ``safeDiagnostic``."""
 
-    code: PlanErrorCode = attrs.field(validator=attrs.validators.in_(PLAN_ERROR_CODES))
+    code: PlanErrorCode = attrs.field(validator=one_of(PLAN_ERROR_CODES))
     diagnostic: str = attrs.field(converter=safe_diagnostic)
     ok: Literal[False] = False
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import attrs
 
-from ._errors import TmuxOwnerError
-from ._files import lifecycle_paths
+from ._errors import InvalidRecordError, TmuxOwnerError
+from ._files import lifecycle_paths, open_lifecycle
 from ._generations import OwnerGenerationBaseline
 from ._jscompat import dumps, is_safe_integer, loads
 from ._recovery_fs import RecoveryFsRoot
@@ -123,14 +123,24 @@ def resolve_managed_owner_predecessor(
     ``None`` when the baseline is absent or there is no ``child-*``/``sigabrt-*`` entry
     at all. Raises ``managed_owner_replacement_evidence_{unavailable,untrusted,
     ambiguous,changed}``; a root path with a symlinked component raises ``untrusted_root``
-    and malformed JSON raises ``ValueError``, as in the seed.
+    (below the state directory, before anything is listed) and malformed JSON raises
+    ``ValueError``, as in the seed. A ``baseline`` that is not an
+    :class:`OwnerGenerationBaseline` raises ``InvalidRecordError``.
     """
+    given: object = baseline  # callers outside the type checker may pass anything
+    if not isinstance(given, OwnerGenerationBaseline):
+        raise InvalidRecordError(OwnerGenerationBaseline.__name__)
     if baseline.record is None:
         return None
     generation = baseline.record.generation
-    root = lifecycle_paths(state_dir, session_id, generation).root
+    paths = lifecycle_paths(state_dir, session_id, generation)
+    root = paths.root
     try:
-        entries = os.listdir(root)
+        directory = open_lifecycle(paths)
+        if directory is None:
+            raise TmuxOwnerError(UNAVAILABLE)
+        with directory:
+            entries = directory.listdir()
     except OSError as error:
         raise TmuxOwnerError(UNAVAILABLE) from error
     bindings: set[str] = set()

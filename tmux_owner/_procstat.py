@@ -30,7 +30,7 @@ def parse_linux_proc_start_time(stat: str | None) -> str | None:
     missing ``(`` or separator after ``)``, fewer than 20 fields after ``)``, a state
     that is not one letter, a non-integer tty and a non-numeric start time.
     """
-    if not stat or "\0" in stat or "\r" in stat:
+    if not isinstance(stat, str) or not stat or "\0" in stat or "\r" in stat:
         return None
     record = stat[:-1] if stat.endswith("\n") else stat
     if not record or "\n" in record:

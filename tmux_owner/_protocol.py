@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from ._bootstrap import BootstrapDependencies, BootstrapRequest, bootstrap_owner_isolation, real_bootstrap_dependencies
+from ._errors import InvalidRecordError
 from ._generations import PublishGenerationRequest, publish_owner_generation
 from ._jscompat import MAX_LINE_BYTES, dumps, loads, utf8_length
 from ._plan import OwnerIsolationProbe, plan_owner_isolation
@@ -41,7 +42,8 @@ def parse_request(line: str) -> Request | None:
     ``None`` for more than 16 KiB of UTF-8, any ``\\n``, invalid JSON, a non-object, or
     an object that is not exactly one request shape.
     """
-    if utf8_length(line) > MAX_LINE_BYTES or "\n" in line:
+    given: object = line  # callers outside the type checker may pass anything
+    if not isinstance(given, str) or utf8_length(given) > MAX_LINE_BYTES or "\n" in given:
         return None
     try:
         value = loads(line)
@@ -61,9 +63,14 @@ def serialize_response(response: Any) -> str:
     """Compact JSON of ``response`` (a record or a dict); ``response_too_large`` unless under 16 KiB.
 
     The returned text never contains a newline: JSON escapes every newline in strings.
+    Beyond the seed: a response JSON cannot represent (NaN, a non-JSON type, nesting
+    too deep to encode) raises ``InvalidRecordError``.
     """
     record = response.to_json() if hasattr(response, "to_json") else response
-    serialized = dumps(record)
+    try:
+        serialized = dumps(record)
+    except (TypeError, ValueError, RecursionError) as error:
+        raise InvalidRecordError("response") from error
     if utf8_length(serialized) < MAX_LINE_BYTES:
         return serialized
     return dumps(RESPONSE_TOO_LARGE)

@@ -18,7 +18,7 @@ from typing import Self
 
 import attrs
 
-from ._errors import TmuxOwnerError
+from ._errors import InvalidRecordError, TmuxOwnerError
 from ._validators import is_safe_path_component
 
 MAX_READ_BYTES = 1 << 20
@@ -117,8 +117,9 @@ class RecoveryFsRoot:
         """
         if not sys.platform.startswith("linux"):
             raise TmuxOwnerError("unsupported_platform")
-        # A bytes path gets past the annotation at run time; it is refused like a relative one.
-        text: object = os.fspath(path)
+        # A bytes path or a non-path gets past the annotation at run time; it is refused like a relative one.
+        given: object = path
+        text = os.fspath(given) if isinstance(given, str | os.PathLike) else None
         if not isinstance(text, str) or not text.startswith("/"):
             raise TmuxOwnerError("invalid_path")
         parts = [] if text.rstrip("/") == "" else _components(text.strip("/"))
@@ -148,7 +149,13 @@ class RecoveryFsRoot:
         self.close()
 
     def read(self, relative: str, max_bytes: int = MAX_READ_BYTES) -> RecoveryRead:
-        """Read ``relative`` (below the root) as a proven, stable regular file of at most ``max_bytes``."""
+        """Read ``relative`` (below the root) as a proven, stable regular file of at most ``max_bytes``.
+
+        Beyond the native module: a ``max_bytes`` that is not an integer raises ``InvalidRecordError``.
+        """
+        bound: object = max_bytes  # callers outside the type checker may pass anything
+        if isinstance(bound, bool) or not isinstance(bound, int):
+            raise InvalidRecordError("max_bytes")
         if self._fd is None:
             return _refused("closed")
         name: object = relative  # callers outside the type checker may pass anything

@@ -13,7 +13,7 @@ import attrs
 
 from ._cgroup import CgroupInfo
 from ._jscompat import is_safe_integer
-from ._validators import non_empty
+from ._validators import non_empty, one_of
 
 ServerState = Literal["absent", "safe", "unsafe", "unverifiable"]
 SERVER_STATES: frozenset[str] = frozenset(get_args(ServerState))
@@ -27,7 +27,7 @@ class TmuxServerProof:
     ``False`` marks a placeholder pid from a platform that cannot prove one.
     """
 
-    state: ServerState = attrs.field(validator=attrs.validators.in_(SERVER_STATES))
+    state: ServerState = attrs.field(validator=one_of(SERVER_STATES))
     pid: int | None = None
     start_time: str | None = None
     cgroup: CgroupInfo | None = None
@@ -53,8 +53,11 @@ class TmuxServerProof:
 def is_safe_server_proof(server: TmuxServerProof, platform: str = "linux") -> bool:
     """Structurally safe: state ``safe``, a positive safe-integer pid, a start time, and a safe cgroup.
 
-    Off Linux a ``not_applicable`` cgroup also counts.
+    Off Linux a ``not_applicable`` cgroup also counts. Anything but a proof is not safe.
     """
+    given: object = server  # callers outside the type checker may pass anything
+    if not isinstance(given, TmuxServerProof) or not isinstance(given.cgroup, CgroupInfo | None):
+        return False
     classification = None if server.cgroup is None else server.cgroup.classification
     return (
         server.state == "safe"
@@ -67,6 +70,9 @@ def is_safe_server_proof(server: TmuxServerProof, platform: str = "linux") -> bo
 
 def same_server_identity(left: TmuxServerProof, right: TmuxServerProof) -> bool:
     """Whether two probes saw the same server: pid, start time and cgroup classification/scope/diagnostic."""
+    given: tuple[object, object] = (left, right)  # callers outside the type checker may pass anything
+    if not all(isinstance(proof, TmuxServerProof) for proof in given):
+        return False
     return (
         left.pid == right.pid
         and left.start_time == right.start_time

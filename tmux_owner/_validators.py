@@ -1,9 +1,9 @@
 """The seed's value checks and the one way records apply them: attrs field validators.
 
 A predicate (``non_empty``, ``is_schema_one``, ...) mirrors one of the seed's checks.
-Every record declares its checks on its attrs fields (``validator=``): attrs' own
-``in_`` for a set of allowed values and ``instance_of`` for a plain type check, and
-otherwise :func:`field_validator`, which turns a predicate into a validator, or a
+Every record declares its checks on its attrs fields (``validator=``): :func:`one_of`
+for a set of allowed strings, :func:`of_type` for a plain type check, and otherwise
+:func:`field_validator`, which turns a predicate into a validator, or a
 module-level ``_validate_*`` function that calls :func:`require` when the check needs
 other fields. Ours refuse with :class:`InvalidRecordError` naming the field; a
 ``from_json`` checks the JSON shape (keys, schema, ``op``) itself and builds its record
@@ -47,8 +47,12 @@ def has_exact_keys(record: Mapping[str, Any], keys: Iterable[str]) -> bool:
 
 
 def non_empty(value: object) -> TypeGuard[str]:
-    """A string of at least one character (the seed's ``nonEmpty``)."""
-    return isinstance(value, str) and len(value) > 0
+    """A string of at least one character (the seed's ``nonEmpty``).
+
+    Beyond the seed: without lone surrogates, which JSON parsing already refuses and no
+    record could be written with.
+    """
+    return isinstance(value, str) and len(value) > 0 and _is_utf8(value)
 
 
 def is_schema_one(value: object) -> bool:
@@ -59,9 +63,24 @@ def is_schema_one(value: object) -> bool:
 def is_safe_path_component(value: object) -> TypeGuard[str]:
     """Beyond the seed: a session id, generation or token that becomes a path component.
 
-    Refuses empty, ``.``, ``..``, and anything containing ``/`` or NUL.
+    Refuses empty, ``.``, ``..``, anything containing ``/`` or NUL, and lone surrogates
+    (which no file system can name).
     """
-    return isinstance(value, str) and value not in FORBIDDEN_PATH_COMPONENTS and "/" not in value and "\0" not in value
+    return (
+        isinstance(value, str)
+        and value not in FORBIDDEN_PATH_COMPONENTS
+        and "/" not in value
+        and "\0" not in value
+        and _is_utf8(value)
+    )
+
+
+def _is_utf8(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def is_optional_str(value: object) -> bool:
@@ -86,6 +105,21 @@ def field_validator(check: Callable[[Any], bool]) -> FieldValidator:
         require(check(value), attribute)
 
     return validate
+
+
+def one_of(options: Iterable[str]) -> FieldValidator:
+    """A validator accepting exactly the strings ``options``.
+
+    Unlike attrs' ``in_`` it never puts the refused value in its message, so a hostile
+    value (say, nested thousands deep) cannot turn a refusal into a ``RecursionError``.
+    """
+    allowed = frozenset(options)
+    return field_validator(lambda value: isinstance(value, str) and value in allowed)
+
+
+def of_type(kind: type[Any]) -> FieldValidator:
+    """A validator accepting instances of ``kind`` (attrs' ``instance_of`` without the value in its message)."""
+    return field_validator(lambda value: isinstance(value, kind))
 
 
 def require(condition: bool, attribute: attrs.Attribute[Any]) -> None:

@@ -22,6 +22,7 @@ from ._validators import (
     is_record,
     is_schema_one,
     non_empty,
+    one_of,
     record_with_exact_keys,
     require,
     validate_canonical_timestamp,
@@ -112,9 +113,9 @@ class ObserveTerminalRequest:
     owner_generation: str = attrs.field(validator=[validate_non_empty, validate_path_component])
     state_dir: str = attrs.field(validator=validate_non_empty)
     socket_key: str = attrs.field(validator=validate_non_empty)
-    observer: TerminalObserver = attrs.field(validator=attrs.validators.in_(TERMINAL_OBSERVERS))
+    observer: TerminalObserver = attrs.field(validator=one_of(TERMINAL_OBSERVERS))
     observed_at: str = attrs.field(validator=validate_canonical_timestamp)
-    signal: TerminalSignal = attrs.field(validator=attrs.validators.in_(TERMINAL_SIGNALS))
+    signal: TerminalSignal = attrs.field(validator=one_of(TERMINAL_SIGNALS))
     exit_code: int | None = attrs.field(converter=js_number, validator=_validate_exit_code)
     exit_kind: str = attrs.field(validator=_validate_short_label)
     reason: str = attrs.field(validator=_validate_short_label)
@@ -205,12 +206,12 @@ class OwnerVerdict:
     session_id: str = attrs.field(validator=validate_non_empty)
     server_key: str = attrs.field(validator=validate_non_empty)
     observed_at: str = attrs.field(validator=validate_canonical_timestamp)
-    signal: TerminalSignal = attrs.field(validator=attrs.validators.in_(TERMINAL_SIGNALS))
+    signal: TerminalSignal = attrs.field(validator=one_of(TERMINAL_SIGNALS))
     exit_code: int | None = attrs.field(converter=js_number, validator=_validate_exit_code)
     result: str = attrs.field(validator=_validate_short_label)
-    observer: TerminalObserver = attrs.field(validator=attrs.validators.in_(TERMINAL_OBSERVERS))
-    classification: VerdictClassification = attrs.field(validator=attrs.validators.in_(VERDICT_CLASSIFICATIONS))
-    reason: str = attrs.field(validator=attrs.validators.in_(ALLOWED_REASONS))
+    observer: TerminalObserver = attrs.field(validator=one_of(TERMINAL_OBSERVERS))
+    classification: VerdictClassification = attrs.field(validator=one_of(VERDICT_CLASSIFICATIONS))
+    reason: str = attrs.field(validator=one_of(ALLOWED_REASONS))
     intent_id: str | None = attrs.field(default=None, validator=validate_optional_non_empty)
     dedupe_key: str = attrs.field(validator=_validate_verdict_consistent)
     schema_version: int = attrs.field(default=SCHEMA_VERSION, converter=js_number, validator=validate_schema_one)
@@ -265,7 +266,7 @@ class OwnerIncident:
     dedupe_key: str = attrs.field(validator=validate_non_empty)
     created_at: str = attrs.field(validator=validate_canonical_timestamp)
     classification: IncidentClassification = attrs.field(
-        default=UNEXPECTED, validator=attrs.validators.in_(get_args(IncidentClassification))
+        default=UNEXPECTED, validator=one_of(get_args(IncidentClassification))
     )
     schema_version: int = attrs.field(default=SCHEMA_VERSION, converter=js_number, validator=validate_schema_one)
 
@@ -307,22 +308,31 @@ def parse_or_none(record: type[Any], value: object) -> Any | None:
 
 
 def is_valid_owner_verdict(value: object, request: ObserveTerminalRequest | None = None) -> bool:
-    """The seed's ``isValidOwnerVerdict``: a complete valid verdict, for ``request``'s owner if given."""
+    """The seed's ``isValidOwnerVerdict``: a complete valid verdict, for ``request``'s owner if given.
+
+    A ``request`` that is not an :class:`ObserveTerminalRequest` matches nothing.
+    """
     verdict = parse_or_none(OwnerVerdict, value)
-    return verdict is not None and (request is None or verdict.answers(request))
+    given: object = request  # callers outside the type checker may pass anything
+    if verdict is None or not (given is None or isinstance(given, ObserveTerminalRequest)):
+        return False
+    return given is None or verdict.answers(given)
 
 
 def is_valid_owner_intent(value: object, request: ObserveTerminalRequest | None = None) -> bool:
     """The seed's ``isValidOwnerIntent``; with ``request``, whether the intent authorizes that observation.
 
     Authorization needs the same generation, session and server, the dispatch id the
-    operator presented, a SIGTERM, and created_at <= observed_at < expires_at.
+    operator presented, a SIGTERM, and created_at <= observed_at < expires_at. A
+    ``request`` that is not an :class:`ObserveTerminalRequest` authorizes nothing.
     """
     intent: OwnerIntent | None = parse_or_none(OwnerIntent, value)
-    if intent is None:
+    given: object = request  # callers outside the type checker may pass anything
+    if intent is None or not (given is None or isinstance(given, ObserveTerminalRequest)):
         return False
-    if request is None:
+    if given is None:
         return True
+    request = given
     observed = parse_timestamp_ms(request.observed_at)
     created = parse_timestamp_ms(intent.created_at)
     expires = parse_timestamp_ms(intent.expires_at)

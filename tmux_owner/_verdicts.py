@@ -10,25 +10,21 @@ write-ahead journal makes a crash between observation and publication recoverabl
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any
 
+import attrs
+
+from ._dirfd import LifecycleDir
+from ._durable import publish_record, replace_record, sweep_temporaries
 from ._errors import InvalidRecordError, TmuxOwnerError
-from ._files import (
-    VERDICT_LOCK_WAIT_MS,
-    LifecyclePaths,
-    acquire_lock,
-    atomic_write,
-    lifecycle_paths,
-    publish_exclusive,
-    read_json_record,
-)
-from ._generations import is_current_owner_generation
+from ._files import VERDICT_LOCK_WAIT_MS, LifecyclePaths, lifecycle_paths, open_lifecycle
+from ._generations import GENERATION_FILE
 from ._intents import EXPECTED_TERMINAL_RESULT, OwnerIntent
 from ._jscompat import dumps
+from ._locks import SqliteLock, acquire_lock
 from ._validators import SCHEMA_VERSION, is_schema_one
 from ._verdict_records import (
     EXPECTED,
@@ -56,6 +52,10 @@ def observe_owner_terminal(request: ObserveTerminalRequest | Mapping[str, Any]) 
     an unexpected loss as an incident), and ``owner_intent_consumption_failed`` when the
     authorizing intent cannot be consumed. Concurrent calls in this process for the same
     verdict file and socket share one observation and its outcome.
+
+    Beyond the seed: ``untrusted_root`` for a symlinked session or lifecycle directory and
+    ``untrusted_lifecycle_file`` for a symlinked lock database, journal, alias or
+    ``.consumed`` name. Temporary files that killed writers left are removed first.
     """
     if not isinstance(request, ObserveTerminalRequest):
         try:
@@ -86,48 +86,72 @@ def observe_owner_terminal(request: ObserveTerminalRequest | Mapping[str, Any]) 
 
 
 def _observe_exclusive(request: ObserveTerminalRequest, paths: LifecyclePaths) -> OwnerVerdict:
-    if not is_current_owner_generation(request.state_dir, request.session_id, request.owner_generation):
+    directory = open_lifecycle(paths)
+    if directory is None:
         raise TmuxOwnerError("generation_mismatch")
-    lock = acquire_lock(paths.root, paths.lock_database_file, VERDICT_LOCK_WAIT_MS)
-    if lock is None:
-        raise TmuxOwnerError("verdict_lock_contended")
-    with lock:
-        if not is_current_owner_generation(request.state_dir, request.session_id, request.owner_generation):
+    with directory:
+        if not _is_current(directory, request):
             raise TmuxOwnerError("generation_mismatch")
-        published = parse_or_none(OwnerVerdict, read_json_record(paths.verdict_file))
-        if published is not None and published.answers(request):
-            return _reconcile(paths, published)
-        observation = _recover_journal(paths, request) or request.normalized()
-        atomic_write(
-            paths.journal_file,
-            {"schema_version": SCHEMA_VERSION, "observation": observation.to_json(), "token": lock.token},
-        )
-        intent_value = read_json_record(paths.intent_file)
-        intent = parse_or_none(OwnerIntent, intent_value) if is_valid_owner_intent(intent_value, observation) else None
-        verdict = _build_verdict(observation, intent)
-        if not lock.active:
-            raise TmuxOwnerError("verdict_lock_lost")
-        try:
-            winner = _publish_verdict(paths, verdict, observation)
-        except TmuxOwnerError:
-            if verdict.classification == UNEXPECTED:
-                _publish_incident(paths, OwnerIncident.for_verdict(verdict))
-            raise
-        if winner is not verdict:
-            return _reconcile(paths, winner)
-        if intent is not None:
-            _consume_intent(paths, observation)
+        lock = acquire_lock(directory, VERDICT_LOCK_WAIT_MS)
+        if lock is None:
+            raise TmuxOwnerError("verdict_lock_contended")
+        with lock:
+            sweep_temporaries(directory)
+            if not _is_current(directory, request):
+                raise TmuxOwnerError("generation_mismatch")
+            return _observe_locked(_Files(directory, paths), request, lock)
+
+
+@attrs.frozen
+class _Files:
+    """The open lifecycle directory and the names of one generation's records in it."""
+
+    directory: LifecycleDir
+    paths: LifecyclePaths
+
+
+def _is_current(directory: LifecycleDir, request: ObserveTerminalRequest) -> bool:
+    record = directory.read_json(GENERATION_FILE)
+    return record is not None and record.get("generation") == request.owner_generation
+
+
+def _observe_locked(files: _Files, request: ObserveTerminalRequest, lock: SqliteLock) -> OwnerVerdict:
+    directory, paths = files.directory, files.paths
+    published = parse_or_none(OwnerVerdict, directory.read_json(paths.verdict_file.name))
+    if published is not None and published.answers(request):
+        return _reconcile(files, published)
+    observation = _recover_journal(files, request) or request.normalized()
+    replace_record(
+        directory,
+        paths.journal_file.name,
+        {"schema_version": SCHEMA_VERSION, "observation": observation.to_json(), "token": lock.token},
+    )
+    intent_value = directory.read_json(paths.intent_file.name)
+    intent = parse_or_none(OwnerIntent, intent_value) if is_valid_owner_intent(intent_value, observation) else None
+    verdict = _build_verdict(observation, intent)
+    if not lock.active:
+        raise TmuxOwnerError("verdict_lock_lost")
+    try:
+        winner = _publish_verdict(files, verdict, observation)
+    except TmuxOwnerError:
         if verdict.classification == UNEXPECTED:
-            _publish_incident(paths, OwnerIncident.for_verdict(verdict))
-        _publish_alias(paths, verdict)
-        with contextlib.suppress(OSError):
-            os.unlink(paths.journal_file)
-        return verdict
+            _publish_incident(files, OwnerIncident.for_verdict(verdict))
+        raise
+    if winner is not verdict:
+        return _reconcile(files, winner)
+    if intent is not None:
+        _consume_intent(files, observation)
+    if verdict.classification == UNEXPECTED:
+        _publish_incident(files, OwnerIncident.for_verdict(verdict))
+    _publish_alias(files, verdict)
+    with contextlib.suppress(OSError):
+        directory.unlink(paths.journal_file.name)
+    return verdict
 
 
-def _recover_journal(paths: LifecyclePaths, request: ObserveTerminalRequest) -> ObserveTerminalRequest | None:
+def _recover_journal(files: _Files, request: ObserveTerminalRequest) -> ObserveTerminalRequest | None:
     """The observation a crashed observer journaled for the same owner, if any."""
-    journal = read_json_record(paths.journal_file)
+    journal = files.directory.read_json(files.paths.journal_file.name)
     if journal is None or not is_schema_one(journal.get("schema_version")):
         return None
     recovered: ObserveTerminalRequest | None = parse_or_none(ObserveTerminalRequest, journal.get("observation"))
@@ -165,11 +189,12 @@ def _build_verdict(observation: ObserveTerminalRequest, intent: OwnerIntent | No
     )
 
 
-def _publish_verdict(paths: LifecyclePaths, verdict: OwnerVerdict, observation: ObserveTerminalRequest) -> OwnerVerdict:
+def _publish_verdict(files: _Files, verdict: OwnerVerdict, observation: ObserveTerminalRequest) -> OwnerVerdict:
     """Create the immutable verdict, or return the valid one already there (the same object if ours won)."""
-    if publish_exclusive(paths.verdict_file, verdict.to_json()):
+    name = files.paths.verdict_file.name
+    if publish_record(files.directory, name, verdict.to_json()):
         return verdict
-    existing = read_json_record(paths.verdict_file)
+    existing = files.directory.read_json(name)
     if existing is None:
         raise TmuxOwnerError("immutable_record_corrupt")
     winner: OwnerVerdict | None = parse_or_none(OwnerVerdict, existing)
@@ -178,31 +203,32 @@ def _publish_verdict(paths: LifecyclePaths, verdict: OwnerVerdict, observation: 
     return winner
 
 
-def _publish_incident(paths: LifecyclePaths, incident: OwnerIncident) -> None:
+def _publish_incident(files: _Files, incident: OwnerIncident) -> None:
     """Create the incident; re-publishing identical content is a no-op, anything else a conflict."""
-    if publish_exclusive(paths.incident_file, incident.to_json()):
+    name = files.paths.incident_file.name
+    if publish_record(files.directory, name, incident.to_json()):
         return
-    existing = read_json_record(paths.incident_file)
+    existing = files.directory.read_json(name)
     if existing is None:
         raise TmuxOwnerError("immutable_record_corrupt")
     if dumps(existing) != dumps(incident.to_json()):
         raise TmuxOwnerError("immutable_record_conflict")
 
 
-def _consume_intent(paths: LifecyclePaths, observation: ObserveTerminalRequest) -> None:
-    consumed = paths.retired_intent_file(".consumed")
+def _consume_intent(files: _Files, observation: ObserveTerminalRequest) -> None:
+    consumed = files.paths.retired_intent_file(".consumed").name
     try:
-        os.rename(paths.intent_file, consumed)
+        files.directory.rename(files.paths.intent_file.name, consumed)
     except FileNotFoundError:
         # Another observer may have consumed it already; only that exact intent is acceptable.
-        if not is_valid_owner_intent(read_json_record(consumed), observation):
+        if not is_valid_owner_intent(files.directory.read_json(consumed), observation):
             raise TmuxOwnerError("owner_intent_consumption_failed") from None
     except OSError as error:
         raise TmuxOwnerError("owner_intent_consumption_failed") from error
 
 
-def _publish_alias(paths: LifecyclePaths, verdict: OwnerVerdict) -> None:
-    current = read_json_record(paths.generation_file)
+def _publish_alias(files: _Files, verdict: OwnerVerdict) -> None:
+    current = files.directory.read_json(GENERATION_FILE)
     if (
         current is None
         or not is_schema_one(current.get("schema_version"))
@@ -210,21 +236,22 @@ def _publish_alias(paths: LifecyclePaths, verdict: OwnerVerdict) -> None:
         or current.get("generation") != verdict.generation
     ):
         raise TmuxOwnerError("generation_mismatch")
-    atomic_write(paths.verdict_alias_file, verdict.alias_json())
+    replace_record(files.directory, files.paths.verdict_alias_file.name, verdict.alias_json())
 
 
-def _reconcile(paths: LifecyclePaths, verdict: OwnerVerdict) -> OwnerVerdict:
+def _reconcile(files: _Files, verdict: OwnerVerdict) -> OwnerVerdict:
     """Finish what a crashed or racing observer of ``verdict`` may have left undone."""
+    directory, paths = files.directory, files.paths
     if verdict.classification == EXPECTED and verdict.intent_id:
-        intent = read_json_record(paths.intent_file)
+        intent = directory.read_json(paths.intent_file.name)
         if intent is not None and intent.get("intent_id") == verdict.intent_id:
             try:
-                os.rename(paths.intent_file, paths.retired_intent_file(".consumed"))
+                directory.rename(paths.intent_file.name, paths.retired_intent_file(".consumed").name)
             except OSError as error:
                 raise TmuxOwnerError("owner_intent_consumption_failed") from error
     if verdict.classification == UNEXPECTED:
-        _publish_incident(paths, OwnerIncident.for_verdict(verdict))
-    _publish_alias(paths, verdict)
+        _publish_incident(files, OwnerIncident.for_verdict(verdict))
+    _publish_alias(files, verdict)
     with contextlib.suppress(OSError):
-        os.unlink(paths.journal_file)
+        directory.unlink(paths.journal_file.name)
     return verdict

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tmux_owner.__main__ import main
 from tmux_owner._bootstrap import BootstrapRequest
 from tmux_owner._generations import PublishGenerationRequest
 from tmux_owner._jscompat import dumps
@@ -194,3 +196,43 @@ def test_a_bootstrap_that_raises_still_answers_one_failure_line(tmp_path: Path) 
     output, status = run_protocol(dumps({**BOOTSTRAP, "state_dir": str(tmp_path)}).encode())
     assert json.loads(output)["diagnostic"] == "bootstrap_execution_failed"
     assert status == 1
+
+
+def nested(depth: int, kind: str) -> str:
+    """A JSON text ``depth`` levels deep: ``[[[...]]]``, ``{"a":{"a":...}}``, or a valid plan whose cwd is that deep."""
+    if kind == "array":
+        return "[" * depth + "]" * depth
+    if kind == "object":
+        return '{"a":' * depth + "{}" + "}" * depth
+    return dumps({**PLAN, "cwd": "__DEEP__"}).replace('"__DEEP__"', "[" * depth + "]" * depth)
+
+
+@pytest.mark.parametrize(
+    ("kind", "depth"),
+    [(kind, depth) for kind in ("array", "plan") for depth in (900, 990, 1_000, 5_000)]
+    + [("object", depth) for depth in (900, 1_000, 2_700)],
+)
+def test_deeply_nested_json_is_an_invalid_line_not_an_internal_error(kind: str, depth: int) -> None:
+    """JSON nested thousands of levels deep within 16 KiB parses to None and answers invalid_json_line, never raising
+    RecursionError.
+    """
+    line = nested(depth, kind)
+    assert len(line.encode()) <= 16_384
+    assert parse_request(line) is None
+    output, status = run_protocol(line.encode())
+    assert json.loads(output) == {
+        "schema_version": 1,
+        "ok": False,
+        "code": "scope_unavailable",
+        "diagnostic": "invalid_json_line",
+    }
+    assert status == 1
+
+
+def test_the_cli_entry_answers_deep_json_with_invalid_json_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command's entry point answers a 5 000-deep array with invalid_json_line, not internal_error."""
+    stdout = io.BytesIO()
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(nested(5_000, "array").encode())))
+    monkeypatch.setattr("sys.stdout", io.TextIOWrapper(stdout))
+    assert main([]) == 1
+    assert json.loads(stdout.getvalue())["diagnostic"] == "invalid_json_line"
