@@ -281,6 +281,14 @@ def compute_ratios() -> dict[str, Any]:
         "waiters_looks_doorbell_vs_polling": _ratio(
             _get("waiters.doorbell.looks_per_waiter_per_s"), _get("waiters.polling.looks_per_waiter_per_s")
         ),
+        "async_threads_vs_sync_threads": _ratio(_get("async.asyncio.peak_threads"), _get("async.threads.peak_threads")),
+        "async_cpu_per_turn_vs_sync": _ratio(
+            _get("async.asyncio.cpu_s_per_turn"), _get("async.threads.cpu_s_per_turn")
+        ),
+        "async_admissions_per_s_vs_sync": _ratio(
+            _get("async.asyncio.admissions_per_s"), _get("async.threads.admissions_per_s")
+        ),
+        "async_loop_lag_p99_ms": _get("async.asyncio.loop_lag_p99_ms"),
         "contention_pg_P1_vs_sqlite_P1": _ratio(pg_p1, p1),
         "contention_pg_P8_vs_sqlite_P8": _ratio(pg_p8, p8),
     }

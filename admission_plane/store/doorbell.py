@@ -213,7 +213,7 @@ class ListeningDoorbell:
     and whenever the connection was lost, and the thread reconnects every second.
     """
 
-    __slots__ = ("_chimes", "_connect", "_lock", "_ready", "_stop", "_thread")
+    __slots__ = ("_chimes", "_connect", "_listeners", "_lock", "_ready", "_stop", "_thread")
 
     #: How long one wait for notifications lasts before the thread checks for ``close``.
     POLL_S = 0.2
@@ -225,6 +225,7 @@ class ListeningDoorbell:
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._listeners: tuple[Callable[[], object], ...] = ()
 
     @classmethod
     def for_engine(cls, engine: Engine) -> ListeningDoorbell:
@@ -258,9 +259,27 @@ class ListeningDoorbell:
                 self._thread = threading.Thread(target=self._listen, name="admission-plane-doorbell", daemon=True)
                 self._thread.start()
 
+    def subscribe(self, listener: Callable[[], object]) -> Callable[[], None]:
+        """Call ``listener()`` on the listening thread after every counted change; returns the
+        unsubscribe function. The asyncio API hands rings to its event loop this way."""
+        with self._lock:
+            self._listeners = (*self._listeners, listener)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                self._listeners = tuple(known for known in self._listeners if known is not listener)
+
+        return unsubscribe
+
     def _count(self, delta: Chimes) -> None:
         with self._lock:
             self._chimes = self._chimes.plus(delta)
+            listeners = self._listeners
+        for listener in listeners:
+            try:
+                listener()
+            except Exception as error:  # noqa: BLE001 - a closed loop must not stop the counting
+                _log.debug("admission doorbell listener failed: %s", type(error).__name__)
 
     def _listen(self) -> None:
         while not self._stop.is_set():

@@ -88,6 +88,14 @@ def test_quick_mode_measures_every_figure_the_summary_needs(quick_run) -> None:
     assert set(figures["depth"]["admit_request"]) == {"100", "1000", "10000"}
 
 
+def test_quick_async_turns_complete_without_a_thread_per_waiting_turn(quick_run) -> None:
+    """The asyncio and the thread-per-turn runs complete every turn; the asyncio one uses far fewer threads."""
+    _, report = quick_run
+    runs = report["figures"]["async"]
+    assert runs["asyncio"]["turns"] == runs["threads"]["turns"] > 0
+    assert runs["asyncio"]["peak_threads"] < runs["threads"]["peak_threads"]
+
+
 def test_quick_postgres_contention_has_no_raw_errors_and_respects_the_seat_limit(quick_run) -> None:
     """The same workers on PostgreSQL: no raw driver error or transaction fault, seats within policy, all turns end."""
     _, report = quick_run
