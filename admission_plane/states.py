@@ -111,6 +111,14 @@ class Transition:
     lease: LeaseEffect
     frees: Capacity = Capacity.NOTHING
     written: bool = True
+    #: ``Capacity.SEAT in frees`` and ``Capacity.START_SLOT in frees``, worked out once: every
+    #: transaction asks, and a flag test costs several enum calls.
+    frees_seat: bool = attrs.field(init=False, eq=False, repr=False)
+    frees_start_slot: bool = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "frees_seat", Capacity.SEAT in self.frees)
+        object.__setattr__(self, "frees_start_slot", Capacity.START_SLOT in self.frees)
 
 
 def _edges(

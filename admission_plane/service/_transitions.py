@@ -19,7 +19,6 @@ from ..states import (
     PAYLOAD_DELETED_STATES,
     POLICY_EVENT_ID,
     TERMINAL_STATES,
-    Capacity,
     DrainState,
     EventKind,
     LeaseEffect,
@@ -119,7 +118,15 @@ def _leave_queue(ctx: PlaneContext, tx: Tx, subject: QueuedRequest, move: Transi
 
 
 def _create_lease(ctx: PlaneContext, tx: Tx, lease: NewLease, move: Transition, now: int) -> None:
-    params = {**attrs.asdict(lease), "source": move.source, "target": move.target, "now": now}
+    params = {
+        "lease_id": lease.lease_id,
+        "request_id": lease.request_id,
+        "generation": lease.generation,
+        "owner_instance_id": lease.owner_instance_id,
+        "source": move.source,
+        "target": move.target,
+        "now": now,
+    }
     if tx.execute(RESERVE_REQUEST, params) != 1:
         raise AdmissionStateError("selected admission request is no longer queued")
     tx.execute(INSERT_LEASE, params)
@@ -170,9 +177,13 @@ def _bells(move: Transition) -> int:
     A freed seat rings the start-slot counter too: a waiter held back by the start window
     looks again whenever the lease count drops.
     """
-    bells = Bell.QUEUE if move.source == RequestState.QUEUED else 0
-    if Capacity.SEAT in move.frees:
-        bells |= Bell.SEATS | Bell.STARTS
-    elif Capacity.START_SLOT in move.frees:
-        bells |= Bell.STARTS
+    bells = _QUEUE if move.source == RequestState.QUEUED else 0
+    if move.frees_seat:
+        bells |= _SEATS | _STARTS
+    elif move.frees_start_slot:
+        bells |= _STARTS
     return bells
+
+
+# Plain integers: every transaction computes its bells, and IntFlag arithmetic costs enum calls.
+_QUEUE, _SEATS, _STARTS = int(Bell.QUEUE), int(Bell.SEATS), int(Bell.STARTS)

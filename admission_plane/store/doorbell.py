@@ -70,6 +70,9 @@ class Bell(enum.IntFlag):
     EVERYONE = 8
 
 
+_QUEUE, _SEATS, _STARTS, _EVERYONE = int(Bell.QUEUE), int(Bell.SEATS), int(Bell.STARTS), int(Bell.EVERYONE)
+
+
 @attrs.frozen
 class Chimes:
     """The three counters as one waiter read them, or what one transaction adds to them."""
@@ -81,11 +84,12 @@ class Chimes:
     @classmethod
     def of(cls, bells: int) -> Chimes:
         """What ringing ``bells`` once adds: one per bell, ``EVERYONE_STEP`` to each for ``EVERYONE``."""
-        step = EVERYONE_STEP if bells & Bell.EVERYONE else 0
+        bells = int(bells)  # plain integer tests: every committing transaction comes through here
+        step = EVERYONE_STEP if bells & _EVERYONE else 0
         return cls(
-            step + (1 if bells & Bell.QUEUE else 0),
-            step + (1 if bells & Bell.SEATS else 0),
-            step + (1 if bells & Bell.STARTS else 0),
+            step + (1 if bells & _QUEUE else 0),
+            step + (1 if bells & _SEATS else 0),
+            step + (1 if bells & _STARTS else 0),
         )
 
     def plus(self, other: Chimes) -> Chimes:

@@ -17,6 +17,7 @@ otherwise the driver's: the service layer still checks ranges and formats.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
@@ -42,6 +43,7 @@ __all__ = [
     "RequestStatus",
     "Row",
     "WaiterEntry",
+    "as_params",
 ]
 
 Check = Callable[[object], bool]
@@ -78,6 +80,16 @@ def _checks(
     return {name: check for check, names in kinds.items() for name in names.split()}
 
 
+def as_params(record: attrs.AttrsInstance) -> dict[str, Any]:
+    """A record's fields as statement parameters, by name (``attrs.asdict`` without its recursion)."""
+    return {name: getattr(record, name) for name in _field_names(type(record))}
+
+
+@functools.cache
+def _field_names(cls: type[attrs.AttrsInstance]) -> tuple[str, ...]:
+    return tuple(field.name for field in attrs.fields(cls))
+
+
 class Row:
     """Base of the records: :meth:`from_row` builds one from a driver row, checking it first."""
 
@@ -94,10 +106,21 @@ class Row:
     def from_row(cls, row: Sequence[Any]) -> Self:
         """The record of ``row``; :meth:`untrusted` if a column fails its check."""
         record = cls(*row)
-        for name, check in cls.CHECKS.items():
-            if not check(getattr(record, name)):
+        checks = cls.__dict__.get("_checks_by_position")
+        if checks is None:
+            checks = cls._position_checks()
+        for position, name, check in checks:
+            if not check(row[position]):
                 raise cls.untrusted(name)
         return record
+
+    @classmethod
+    def _position_checks(cls) -> tuple[tuple[int, str, Check], ...]:
+        """:attr:`CHECKS` by column position, worked out once per class (rows are checked on every read)."""
+        positions = {field.name: index for index, field in enumerate(attrs.fields(cls))}
+        checks = tuple((positions[name], name, check) for name, check in cls.CHECKS.items())
+        type.__setattr__(cls, "_checks_by_position", checks)
+        return checks
 
     @classmethod
     def untrusted(cls, column: str) -> AdmissionError:

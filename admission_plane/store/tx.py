@@ -111,7 +111,8 @@ class Tx:
         """Add ``bells`` (:class:`~admission_plane.store.doorbell.Bell` flags) once more to what
         this transaction announces to waiting connectors when it commits (two requests timed out
         in one transaction are two departures)."""
-        self.rings = self.rings.plus(Chimes.of(bells))
+        if bells:
+            self.rings = self.rings.plus(Chimes.of(bells))
 
     def begin(self, sql: str) -> None:
         """Open the transaction explicitly (SQLite: ``BEGIN`` or ``BEGIN IMMEDIATE``)."""
