@@ -16,6 +16,7 @@ from typing import Protocol
 
 import attrs
 
+from admission_plane._validate import proc_readers
 from admission_plane.errors import ProcessGoneError, ProcessUnverifiableError
 
 __all__ = [
@@ -119,8 +120,10 @@ def read_boot_id(readers: ProcReaders) -> str:
     """Read this host's boot id: lower-cased, one trailing newline stripped, validated.
 
     Raises :class:`ProcessUnverifiableError` when it cannot be read (even ``ENOENT``: the
-    boot id is host evidence, its absence says nothing about any process) or is malformed.
+    boot id is host evidence, its absence says nothing about any process) or is malformed,
+    and :class:`~admission_plane.errors.InvalidInputError` for ``readers`` that are not readers.
     """
+    proc_readers(readers)
     try:
         text = _read(readers.read_file, BOOT_ID_PATH)
     except ProcessGoneError as exc:

@@ -7,6 +7,8 @@ none of them embeds a request or lease identifier.
 
 from __future__ import annotations
 
+import re
+
 __all__ = [
     "AdmissionBusyError",
     "AdmissionConflictError",
@@ -31,8 +33,26 @@ __all__ = [
 ]
 
 
+#: What would break a message's one line (or drive a terminal): C0 controls, DEL and Unicode line breaks.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
+
+
+def _one_line(part: object) -> object:
+    """``part`` with every character of :data:`_UNPRINTABLE` shown as its escape (``part`` itself if not text)."""
+    if not isinstance(part, str):
+        return part
+    return _UNPRINTABLE.sub(lambda found: found[0].encode("unicode_escape").decode("ascii"), part)
+
+
 class AdmissionError(Exception):
-    """Base class of every error this library raises on purpose."""
+    """Base class of every error this library raises on purpose.
+
+    Its message is one line: a line break or other control character in it (from a path, a
+    table name, a driver's text) is shown as its escape (``\\n``, ``\\x1b``).
+    """
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(_one_line(arg) for arg in args))
 
 
 class InvalidInputError(AdmissionError, ValueError):

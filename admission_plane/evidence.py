@@ -41,7 +41,7 @@ from admission_plane._proc import (
     read_process_ids,
     read_stat,
 )
-from admission_plane._validate import is_owner_instance_id
+from admission_plane._validate import is_owner_instance_id, proc_readers
 from admission_plane.clock import wall_clock_ms
 from admission_plane.errors import InvalidInputError, ProcessGoneError, ProcessUnverifiableError
 
@@ -285,10 +285,12 @@ def capture(pid: int, readers: ProcReaders = LIVE_READERS) -> ProcessIdentity:
     Raises :class:`ProcessGoneError` when ``/proc/<pid>/stat`` or ``/proc/<pid>/ns/pid``
     is absent (``ENOENT``), :class:`ProcessUnverifiableError` for any other read error,
     malformed text, or values outside the identity ranges, and
-    :class:`InvalidInputError` when ``pid`` itself is not a pid.
+    :class:`InvalidInputError` when ``pid`` itself is not a pid or ``readers`` are not
+    readers (no callable ``read_file`` and ``read_link``).
     """
     if not is_pid(pid):
         raise InvalidInputError("process PID must be a positive safe integer")
+    proc_readers(readers)
     boot_id = read_boot_id(readers)
     stat = read_stat(pid, readers)
     namespace = read_pid_namespace(pid, readers)
@@ -316,10 +318,14 @@ def observe(identity: ProcessIdentity | ConnectorIdentity, readers: ProcReaders 
     - ``same``: otherwise. Beyond the seed, only the immutable fields are compared, so a
       reparented process (ppid changed) or one that called ``setsid`` is still ``same``;
       a zombie keeps its start time and is ``same`` too (the conservative answer).
+
+    An ``identity`` that is not one, or ``readers`` without callable ``read_file`` and
+    ``read_link``, raise :class:`InvalidInputError`.
     """
     process = identity.process if isinstance(identity, ConnectorIdentity) else identity
     if not isinstance(process, ProcessIdentity):
         raise InvalidInputError("process identity is invalid")
+    proc_readers(readers)
     try:
         if read_boot_id(readers) != process.boot_id:
             return Observation.GONE
@@ -349,10 +355,12 @@ def inspect_process_group(
 
     A child whose pgrp is 0 belongs to a group led from outside this pid namespace:
     members there are invisible, so the group can never be proved empty and the answer
-    is ``unverifiable``.
+    is ``unverifiable``. A ``child`` that is not a :class:`ProcessIdentity`, or ``readers``
+    that are not readers, raise :class:`InvalidInputError`.
     """
     if not isinstance(child, ProcessIdentity):
         raise InvalidInputError("process identity is invalid")
+    proc_readers(readers)
     if child.pgrp == 0:
         return GroupResidue.UNVERIFIABLE
     try:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import attrs
 
+from . import _validate as v
 from .errors import MissingKeyError
 
 __all__ = [
@@ -68,11 +69,13 @@ def load_keys(key_file: str | os.PathLike[str] | None = None, *, create: bool = 
 
     With ``create=True`` a missing key file is generated first. Raises
     :class:`~admission_plane.errors.MissingKeyError` (a one-line message) when no key is
-    found or a key source is unsafe or malformed.
+    found or a key source is unsafe or malformed, and
+    :class:`~admission_plane.errors.InvalidInputError` when ``key_file`` is not a path
+    (see :func:`generate_key_file`), even when the environment holds the keys.
     """
+    path = Path(v.file_path(key_file, "key file")) if key_file is not None else default_key_file()
     keys = _keys_from_environment()
     if keys is None:
-        path = Path(key_file) if key_file is not None else default_key_file()
         if create and not os.path.lexists(path):
             generate_key_file(path)
         keys = _read_key_file(path)
@@ -82,9 +85,16 @@ def load_keys(key_file: str | os.PathLike[str] | None = None, *, create: bool = 
 
 
 def generate_key_file(path: str | os.PathLike[str]) -> Path:
-    """Write two fresh random keys to a new file with mode 0600; never overwrites an existing file."""
-    target = Path(path)
-    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    """Write two fresh random keys to a new file with mode 0600; never overwrites an existing file.
+
+    A ``path`` that is not text (or an ``os.PathLike`` of text), or holds a NUL or a lone
+    surrogate, raises :class:`~admission_plane.errors.InvalidInputError` and creates nothing.
+    """
+    target = Path(v.file_path(path, "key file"))
+    try:
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as error:
+        raise MissingKeyError(f"key directory {target.parent} cannot be created: {error.strerror}") from None
     _check_directory(target.parent)
     text = f"{ENCRYPTION_KEY_VARIABLE}={secrets.token_hex(32)}\n{CONTENT_KEY_VARIABLE}={secrets.token_hex(32)}\n"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
@@ -92,6 +102,8 @@ def generate_key_file(path: str | os.PathLike[str]) -> Path:
         descriptor = os.open(target, flags, 0o600)
     except FileExistsError:
         raise MissingKeyError(f"key file {target} already exists") from None
+    except OSError as error:
+        raise MissingKeyError(f"key file {target} cannot be created: {error.strerror}") from None
     try:
         os.fchmod(descriptor, 0o600)
         os.write(descriptor, text.encode("ascii"))

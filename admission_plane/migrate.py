@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from alembic.util import CommandError
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import NullPool
 
+from . import _validate as v
 from .clock import wall_clock_ms
 from .errors import AdmissionMigrationError
 from .store.engine import (
@@ -117,18 +118,36 @@ def upgrade(target: DatabaseTarget, revision: str = "head", *, allow_foreign_tab
     before anything is written, unless ``allow_foreign_tables`` lets the plane share it.
     One migration runs at a time per database; a concurrent one waits for it (see
     :mod:`admission_plane.store.migration_lock`). A missing SQLite file is created.
+    A ``revision`` that is not an identifier raises :class:`~admission_plane.errors.InvalidInputError`,
+    one Alembic cannot reach :class:`AdmissionMigrationError`; neither changes anything.
     """
+    v.identifier(revision, "migration target revision")
     with _connection_for(target, must_exist=False, allow_foreign_tables=allow_foreign_tables) as connection:
-        command.upgrade(_migration_config(connection, allow_foreign_tables), revision)
+        _run(command.upgrade, _migration_config(connection, allow_foreign_tables), revision)
 
 
 def downgrade(target: DatabaseTarget, revision: str, *, allow_foreign_tables: bool = False) -> None:
     """Downgrade the database to ``revision`` (``"base"`` drops every admission table).
 
-    Refuses, as :func:`upgrade` does, a database holding foreign tables unless ``allow_foreign_tables``.
+    Refuses, as :func:`upgrade` does, a database holding foreign tables unless ``allow_foreign_tables``,
+    and a ``revision`` it cannot take.
     """
+    v.identifier(revision, "migration target revision")
     with _connection_for(target, allow_foreign_tables=allow_foreign_tables) as connection:
-        command.downgrade(_migration_config(connection, allow_foreign_tables), revision)
+        _run(command.downgrade, _migration_config(connection, allow_foreign_tables), revision)
+
+
+def _run(step: Callable[[Config, str], None], config: Config, revision: str) -> None:
+    """Run an Alembic command; a revision it cannot resolve or reach is an :class:`AdmissionMigrationError`.
+
+    Alembic resolves the revision before any step runs, inside the migration's transaction,
+    which then rolls back; it asserts on some malformed ones (``@``, ``head+1``).
+    """
+    try:
+        step(config, revision)
+    except (CommandError, RevisionError, AssertionError) as error:
+        detail = " ".join(str(error).split()) or f"revision {revision!r} cannot be resolved"
+        raise AdmissionMigrationError(detail) from error
 
 
 def _migration_config(connection: Connection, allow_foreign_tables: bool) -> Config:

@@ -39,6 +39,8 @@ class AdmissionPlane(AdmissionService):
         """One reaper pass with process evidence from ``readers`` (default: this host's ``/proc``).
 
         See :func:`admission_plane.reaper.reap` for the rules. Never raises for one bad
-        lease, never requeues.
+        lease, never requeues. A ``now`` that is not a timestamp, or ``readers`` without
+        callable ``read_file`` and ``read_link``, raise
+        :class:`~admission_plane.errors.InvalidInputError` before anything is read.
         """
         return reap(self, now, readers)

@@ -40,7 +40,7 @@ from .evidence import (
     observe,
     read_process_ids,
 )
-from .service import AdmissionService
+from .service import MAX_UNTRUSTED_ROWS, AdmissionService
 from .states import OWNER_DEATH_PHASES, SuspectReason
 from .values import LeaseHolder, ReaperSummary, RecoverableDispatch
 
@@ -63,10 +63,11 @@ def reap(plane: AdmissionService, now: int, readers: ProcReaders | None = None) 
     v.timestamp(now, "runtime reaper timestamp")
     if readers is None:
         readers = LIVE_READERS
+    v.proc_readers(readers)
     process_ids = read_process_ids(readers)
     inventory = plane.read_recovery_inventory()
-    if inventory.untrusted:
-        _try(plane.record_untrusted_recovery_rows, inventory.untrusted, now)
+    for first in range(0, inventory.untrusted, MAX_UNTRUSTED_ROWS):  # one call journals at most that many
+        _try(plane.record_untrusted_recovery_rows, min(MAX_UNTRUSTED_ROWS, inventory.untrusted - first), now)
     counts = {"released": 0, "retained": 0, "marked_recovery_required": 0, "suspected": 0, "queued_settled": 0}
 
     for queued in inventory.queued_owners:

@@ -147,12 +147,12 @@ async def wait_for_admission(
     v.delay_ms(max_delay_ms, "admission wait maximum delay")
     v.hook(sleep, "admission wait sleep")
     v.hook(on_wait, "admission wait on_wait", optional=True)
-    deadline = None if timeout_ms is None else ctx.clock() + timeout_ms
+    deadline = None if timeout_ms is None else ctx.now() + timeout_ms
     delay = initial_delay_ms / 1000
 
     def look() -> tuple[Chimes | None, int, AdmittedLease | None, Wake | None]:
         seen = bell.read()  # before the look: a ring during the look still counts
-        now = ctx.clock()
+        now = ctx.now()
         lease, wake = admit_request(ctx, request_id, now, owner_instance_id)
         if lease is not None and adopt is not None:
             adopt(lease)

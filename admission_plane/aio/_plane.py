@@ -137,7 +137,7 @@ class AsyncAdmissionPlane:
         except BaseException:
             if taken:
                 lease = taken[0]
-                await self.call(lambda: self.plane.abandon_before_prompt(lease, self.plane._ctx.clock(), _CANCELLED))
+                await self.call(lambda: self.plane.abandon_before_prompt(lease, self.plane._ctx.now(), _CANCELLED))
             raise
 
     async def _wait(

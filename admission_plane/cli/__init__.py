@@ -28,7 +28,16 @@ __all__ = ["build_parser", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status."""
+    """Run the command line; returns the exit status.
+
+    Arguments argparse refuses end it with ``SystemExit(2)`` after one error line; ``argv``
+    that is not a sequence of strings is refused the same way, in one line, with status 2.
+    """
+    given: object = argv  # checked as given: callers without type checking may pass anything
+    if given is not None and (
+        isinstance(given, str | bytes) or not isinstance(given, Sequence) or not all(isinstance(a, str) for a in given)
+    ):
+        return _fail("arguments must be a sequence of strings", EXIT_ERROR)
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import threading
+from collections.abc import Callable
+from typing import NoReturn
 
 from ..store.engine import DATABASE_URL_VARIABLE
 from ._commands import (
@@ -17,8 +19,22 @@ from ._commands import (
     cmd_reap,
     cmd_status,
 )
-from ._common import PROG, default_database
+from ._common import EXIT_ERROR, PROG, default_database
 from ._release import cmd_release
+
+#: The most worker processes, and turns per worker, the demo runs (its plan is built up front).
+MAX_DEMO_AGENTS = 64
+MAX_DEMO_TURNS = 1_000
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, ``admission-plane: error: ...`` (exit status 2), as the
+    command line's other errors are; the usage stays on ``--help``."""
+
+    def error(self, message: str) -> NoReturn:
+        where = self.prog.removeprefix(PROG).strip()
+        hint = f" (see `{self.prog} --help`)" if where else f" (see `{PROG} --help`)"
+        self.exit(EXIT_ERROR, f"{PROG}: error: {' '.join(message.split())}{hint}\n")
 
 
 def _positive(text: str) -> int:
@@ -29,6 +45,18 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value
+
+
+def _at_most(maximum: int) -> Callable[[str], int]:
+    """A positive integer of at most ``maximum`` (the demo's sizes: its plan is built before it starts)."""
+
+    def parse(text: str) -> int:
+        value = _positive(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}")
+        return value
+
+    return parse
 
 
 def _non_negative(text: str) -> int:
@@ -53,7 +81,7 @@ def _seconds(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``admission-plane`` (every command has ``--help``)."""
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument(
         "--db",
         metavar="URL",
@@ -66,14 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="key file (default: the state directory's; the environment's keys win when set)",
     )
 
-    sharing = argparse.ArgumentParser(add_help=False)
+    sharing = _Parser(add_help=False)
     sharing.add_argument(
         "--allow-foreign-tables",
         action="store_true",
         help="the database is shared with another application's tables (by default it must be the plane's own)",
     )
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG,
         description="Operate a durable, cross-process admission plane for AI-agent turns.",
         epilog="Keys come from ADMISSION_PLANE_ENCRYPTION_KEY and ADMISSION_PLANE_CONTENT_KEY (64 hex "
@@ -188,8 +216,15 @@ def build_parser() -> argparse.ArgumentParser:
         "file, inject a provider capacity failure and a SIGKILL mid-dispatch, and check the "
         "invariants. Exit status 1 if any invariant was violated.",
     )
-    demo.add_argument("--agents", type=_positive, default=6, help="worker processes (default 6)")
-    demo.add_argument("--turns", type=_positive, default=5, help="turns per agent (default 5)")
+    demo.add_argument(
+        "--agents",
+        type=_at_most(MAX_DEMO_AGENTS),
+        default=6,
+        help=f"worker processes, 1..{MAX_DEMO_AGENTS} (default 6)",
+    )
+    demo.add_argument(
+        "--turns", type=_at_most(MAX_DEMO_TURNS), default=5, help=f"turns per agent, 1..{MAX_DEMO_TURNS} (default 5)"
+    )
     demo.add_argument("--seats", type=_positive, default=3, help="policy: max active turns (default 3)")
     demo.add_argument("--starts", type=_positive, default=2, help="policy: max concurrent starts (default 2)")
     demo.add_argument("--start-interval-ms", type=_non_negative, default=0, help="policy: min start interval")

@@ -22,6 +22,7 @@ from __future__ import annotations
 from ..clock import wall_clock_ms
 from ._context import FaultInjection
 from ._facade import AdmissionService
+from ._journal import MAX_UNTRUSTED_ROWS
 from ._waiting import DOORBELL_FALLBACK_MS
 
-__all__ = ["DOORBELL_FALLBACK_MS", "AdmissionService", "FaultInjection", "wall_clock_ms"]
+__all__ = ["DOORBELL_FALLBACK_MS", "MAX_UNTRUSTED_ROWS", "AdmissionService", "FaultInjection", "wall_clock_ms"]

@@ -15,6 +15,7 @@ from typing import TypeVar
 import attrs
 from sqlalchemy import Engine
 
+from .. import _validate as v
 from ..clock import Clock
 from ..crypto import EventCorrelator, SecretKey
 from ..errors import AdmissionStateError, InvalidInputError, MissingKeyError
@@ -123,6 +124,10 @@ class PlaneContext:
         self._owns_engine = owns_engine
         self._closed = False
         self._close_lock = threading.Lock()
+
+    def now(self) -> int:
+        """The plane clock's reading; :class:`InvalidInputError` unless it is a non-negative safe integer."""
+        return v.timestamp(self.clock(), "plane clock reading")
 
     def run(self, work: Callable[[Tx], T], *, read_only: bool = False) -> T:
         """Run ``work`` in one unit of work (see :func:`admission_plane.store.unit_of_work.run`)."""

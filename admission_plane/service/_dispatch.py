@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import time
 
-import attrs
-
 from ..errors import InvalidInputError, LeaseFenceError
 from ..states import EventKind, RequestState
-from ..store.rows import IdentityRow
+from ..store.rows import IdentityRow, as_params
 from ..store.statements.dispatch import INSERT_IDENTITY, SELECT_IDENTITY, SELECT_LEASE_WITH_REQUEST
 from ..store.statements.leases import SELECT_LEASE
 from ..store.tx import Tx
@@ -83,12 +81,12 @@ def _in_transaction(ctx: PlaneContext, tx: Tx, record: DispatchRecord) -> Dispat
         return _not_committed("stale_lease")
     if existing is not None:
         return _not_committed("conflicting_intent")
-    committed_at = ctx.clock()
+    committed_at = ctx.now()
     try:
         change(ctx, tx, lease, EventKind.REQUEST_DISPATCH_INTENT, S.DISPATCH_INTENT, committed_at)
     except LeaseFenceError:
         return _not_committed("stale_lease")
-    values = attrs.asdict(identity_row(record))
+    values = as_params(identity_row(record))
     tx.execute(INSERT_IDENTITY, {"lease_id": record.lease_id, "now": committed_at, "host_id": ctx.host_id, **values})
     hook = ctx.faults.after_process_identity_persisted
     if hook is not None:

@@ -14,7 +14,7 @@ from .. import _validate as v
 from ..errors import AdmissionConflictError, AdmissionStateError, InvalidInputError, UnknownRequestError
 from ..evidence import ConnectorIdentity
 from ..states import ABSENT, EventKind, RequestState
-from ..store.rows import RequestMeta, RequestStatus
+from ..store.rows import RequestMeta, RequestStatus, as_params
 from ..store.statements.requests import (
     BIND_QUEUED_OWNER,
     INSERT_QUEUED_OWNER,
@@ -57,17 +57,11 @@ def metadata(
     """Validate an enqueue's arguments in the original's order (each failure its own message).
 
     Each text field meets the one rule the recovery inventory reads it back with
-    (:func:`admission_plane._validate.request_field`), so no accepted request can later
-    make recovery refuse its row.
+    (:func:`admission_plane._validate.request_field`, through
+    :func:`~admission_plane._validate.request_metadata`, which the turn API checks too), so
+    no accepted request can later make recovery refuse its row.
     """
-    v.request_field("request_id", request_id)
-    v.request_field("session_id", session_id)
-    v.request_field("fingerprint", fingerprint)
-    v.request_field("provider", provider)
-    v.request_field("model", model)
-    if not isinstance(agent_id, str):
-        raise InvalidInputError("invalid request metadata agent_id")
-    v.identifier(agent_id, "request metadata agent_id")
+    v.request_metadata(request_id, session_id, agent_id, fingerprint, provider, model)
     if not v.is_safe_integer(now) or now < 0:
         raise InvalidInputError("invalid request timestamp")
     # The original reports this through its journal, after the other checks, before any write.
@@ -103,7 +97,7 @@ def insert_request(ctx: PlaneContext, tx: Tx, meta: Metadata, now: int) -> Enque
         if existing != meta.stored:
             raise AdmissionConflictError()
         return EnqueueResult(meta.request_id, True)
-    tx.execute(INSERT_REQUEST, {**attrs.asdict(meta), "now": now, "deadline_at": now + ctx.policy.queue_timeout_ms})
+    tx.execute(INSERT_REQUEST, {**as_params(meta), "now": now, "deadline_at": now + ctx.policy.queue_timeout_ms})
     _journal.record(ctx, tx, EventKind.REQUEST_ENQUEUED, meta.request_id, ABSENT, S.QUEUED, now)
     return EnqueueResult(meta.request_id, False)
 
@@ -125,7 +119,7 @@ def bind_owner(
     values = _owner_values(connector)
     if stored is None:
         tx.execute(INSERT_QUEUED_OWNER, {**values, "now": now, "host_id": ctx.host_id})
-    elif attrs.asdict(stored) != values:
+    elif as_params(stored) != values:
         raise AdmissionConflictError()
     if status is None:
         status = require_queued(tx, request_id)

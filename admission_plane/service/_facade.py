@@ -58,7 +58,11 @@ class AdmissionService(RecoveryOperations):
     recorded evidence (default: :func:`admission_plane.host.default_host_id`).
 
     Every operation is one transaction and takes the time (``now``, integer milliseconds)
-    from the caller. Thread-safe: each operation checks out its own connection.
+    from the caller; only waiting reads ``clock`` (a callable returning integer milliseconds:
+    a reading that is not a non-negative safe integer raises
+    :class:`~admission_plane.errors.InvalidInputError`). Thread-safe: each operation checks
+    out its own connection. An argument that is not what it must be raises
+    :class:`~admission_plane.errors.InvalidInputError` before the database is opened.
     """
 
     def __init__(
@@ -81,6 +85,7 @@ class AdmissionService(RecoveryOperations):
         keys = PlaneKeys(encryption_key, content_fingerprint_key)
         if fault_injection is not None and not isinstance(fault_injection, FaultInjection):
             raise InvalidInputError("fault injection must be a FaultInjection")
+        v.hook(clock, "plane clock")
         if owner_identity is None:
             owner_identity = ConnectorIdentity.capture()
         elif not isinstance(owner_identity, ConnectorIdentity):

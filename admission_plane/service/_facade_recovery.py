@@ -26,7 +26,7 @@ class RecoveryOperations:
         return _reads.recovery_inventory(self._ctx)
 
     def record_untrusted_recovery_rows(self, count: int, now: int) -> None:
-        """Journal ``count`` identifier-free ``recovery_row_retained`` events; the rows themselves are not touched."""
+        """Journal ``count`` (1..1000) identifier-free ``recovery_row_retained`` events; the rows are not touched."""
         _journal.record_untrusted_rows(self._ctx, count, now)
 
     def settle_lease_owner_death(self, fence: LeaseFence | AdmittedLease, now: int) -> None:

@@ -13,6 +13,8 @@ from ._context import PlaneContext
 
 _EVENT_KINDS = frozenset(str(member) for member in EventKind)
 MAX_PAGE = 1000
+#: The most ``recovery_row_retained`` events one call journals (one transaction); the reaper calls again for more.
+MAX_UNTRUSTED_ROWS = 1000
 
 
 def record(ctx: PlaneContext, tx: Tx, kind: str, request_id: str, from_state: str, to_state: str, now: int) -> None:
@@ -37,9 +39,11 @@ def record_untrusted_rows(ctx: PlaneContext, count: int, now: int) -> None:
     """Journal one ``recovery_row_retained`` event per recovery row the reaper could not trust.
 
     The events name no row: what identifies a row is exactly what could not be trusted, so
-    they are correlated with a fixed input, as policy events are. The rows are not touched.
+    they are correlated with a fixed input, as policy events are. The rows are not touched. At most
+    :data:`MAX_UNTRUSTED_ROWS` per call, so that no count can hold one transaction open for ever.
     """
-    v.positive_integer(count, "untrusted recovery row count")
+    if not v.is_safe_integer(count) or not 1 <= count <= MAX_UNTRUSTED_ROWS:
+        raise InvalidInputError(f"untrusted recovery row count must be an integer from 1 to {MAX_UNTRUSTED_ROWS}")
     v.timestamp(now, "untrusted recovery row timestamp")
 
     def work(tx: Tx) -> None:

@@ -244,6 +244,7 @@ def set_capacity_cooldown(ctx: PlaneContext, provider: str, model: str, not_befo
     """Hold back ``provider``/``model`` until ``not_before``; a cooldown is never shortened."""
     if not v.is_safe_integer(not_before) or not v.is_safe_integer(now) or not_before < now:
         raise InvalidInputError("capacity cooldown must use integer timestamps and cannot end before it is recorded")
+    v.timestamp(now, "capacity cooldown timestamp")  # and so not_before, which is not earlier
     v.request_field("provider", provider)  # the rules of the requests it holds back
     v.request_field("model", model)
     params = {"provider": provider, "model": model, "not_before": not_before, "now": now}

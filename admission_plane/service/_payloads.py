@@ -54,6 +54,7 @@ def persist(ctx: PlaneContext, request_id: str, plaintext: str, now: int, expire
     """Attach a sealed prompt to a queued request (idempotent for the same prompt)."""
     check_expiry(now, expires_at)
     v.identifier(request_id, "payload request ID")
+    v.timestamp(now, "payload persistence timestamp")  # enqueue_with_payload checks it as the request's timestamp
     fingerprint_hex, sealed = _seal(ctx, request_id, plaintext)
 
     def work(tx: Tx) -> None:

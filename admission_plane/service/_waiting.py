@@ -40,12 +40,12 @@ def wait_for_admission(
     v.delay_ms(max_delay_ms, "admission wait maximum delay")
     v.hook(sleep, "admission wait sleep")
     v.hook(on_wait, "admission wait on_wait", optional=True)
-    deadline = None if timeout_ms is None else ctx.clock() + timeout_ms
+    deadline = None if timeout_ms is None else ctx.now() + timeout_ms
     doorbell = ctx.doorbell
     delay = initial_delay_ms / 1000
     while True:
         seen = None if doorbell is None else doorbell.read()
-        now = ctx.clock()
+        now = ctx.now()
         lease, wake = admit_request(ctx, request_id, now, owner_instance_id)
         if lease is not None:
             return lease
@@ -80,7 +80,7 @@ def _await_doorbell(
     while True:
         sleep(step * _jitter())
         current = doorbell.read()
-        if current is None or wake.rung(seen, current) or ctx.clock() >= limit:
+        if current is None or wake.rung(seen, current) or ctx.now() >= limit:
             return
         if not (wake.seats or wake.starts):  # not first in line: no hurry
             step = min(step * 2, max_delay_ms / 1000)

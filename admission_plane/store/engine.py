@@ -29,6 +29,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
+from .. import _validate as v
 from ..errors import InvalidInputError
 
 #: The environment variable naming the database when no URL is given (CLI, ``alembic``).
@@ -45,17 +46,19 @@ MASK = "***"
 def parse_url(url: str | URL | os.PathLike[str]) -> URL:
     """Accept a SQLAlchemy URL, or a filesystem path meaning an SQLite file.
 
-    Raises :class:`InvalidInputError` for anything else (including ``:memory:``,
-    which cannot be shared between connections or processes).
+    Raises :class:`InvalidInputError` for anything else: another type (bytes included),
+    ``:memory:`` (which cannot be shared between connections or processes), and a path or
+    URL holding a NUL or a lone surrogate (no driver can be handed one).
     """
-    if isinstance(url, URL):
-        parsed = url
+    given: object = url  # checked as given: callers without type checking may pass anything
+    if isinstance(given, URL):
+        parsed = given
     else:
-        text = os.fspath(url)
+        text = v.path_text(given)
+        if not text or text == ":memory:":
+            raise InvalidInputError("database must be an SQLite file path or a database URL")
         if "://" not in text:
-            if not text or text == ":memory:":
-                raise InvalidInputError("database must be an SQLite file path or a database URL")
-            return URL.create("sqlite+pysqlite", database=os.path.abspath(text))
+            return _clean(URL.create("sqlite+pysqlite", database=os.path.abspath(text)))
         try:
             parsed = make_url(text)
         except (ArgumentError, ValueError) as error:  # ValueError: a port that is not a number
@@ -71,7 +74,16 @@ def parse_url(url: str | URL | os.PathLike[str]) -> URL:
             parsed = parsed.set(drivername="postgresql+psycopg")
     else:
         raise InvalidInputError(f"unsupported database backend {backend!r} (use sqlite or postgresql)")
-    return parsed
+    return _clean(parsed)
+
+
+def _clean(url: URL) -> URL:
+    """``url`` if every part of it is text a driver can take (no NUL, UTF-8 encodable); else InvalidInputError."""
+    values = [value for values in url.query.values() for value in ((values,) if isinstance(values, str) else values)]
+    parts = [url.drivername, url.username, url.password, url.host, url.database, *url.query, *values]
+    if not all(part is None or v.is_clean_text(part) for part in parts):
+        raise InvalidInputError("database path or URL holds a NUL or a character that is not UTF-8 encodable")
+    return url
 
 
 def create_admission_engine(
@@ -104,6 +116,8 @@ def _create_engine(url: URL, **options: Any) -> Engine:
     except (NoSuchModuleError, ImportError) as error:  # an unknown dialect, or its driver is not installed
         detail = " ".join(str(error).split())
         raise InvalidInputError(f"invalid database URL: driver {url.drivername} is not available ({detail})") from None
+    except (ValueError, TypeError) as error:  # a query parameter the dialect cannot convert (?timeout=soon)
+        raise InvalidInputError(f"invalid database URL: {' '.join(str(error).split())}") from None
 
 
 def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:

@@ -8,6 +8,7 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
+from .. import _validate as v
 from ..errors import InvalidInputError
 
 _TERMINATE_GRACE_S = 2.0
@@ -15,11 +16,16 @@ _TERMINATE_GRACE_S = 2.0
 
 def spawn_child(command: Sequence[str], **popen_options: Any) -> subprocess.Popen[bytes]:
     """Start a dispatch child in its own process group and session (so the reaper can inspect its
-    group), with a pipe on stdin for the prompt and, unless overridden, one on stdout."""
+    group), with a pipe on stdin for the prompt and, unless overridden, one on stdout.
+
+    A ``command`` that is not a non-empty list of strings without NUL raises
+    :class:`~admission_plane.errors.InvalidInputError` before anything is started.
+    """
+    argv = v.command(command, "dispatch child command")
     popen_options.setdefault("stdin", subprocess.PIPE)
     popen_options.setdefault("stdout", subprocess.PIPE)
     popen_options.setdefault("start_new_session", True)
-    return subprocess.Popen(list(command), **popen_options)
+    return subprocess.Popen(argv, **popen_options)
 
 
 def write_to_stdin(child: subprocess.Popen[bytes] | None, prompt: str) -> None:

@@ -65,6 +65,23 @@ class Backoff:
             delay = min(delay * self.factor, float(self.max_ms))
 
 
+def check_request(metadata: Mapping[str, object], prompt: object, command: object) -> tuple[str, ...] | None:
+    """What a turn will enqueue and run, checked as given (:class:`InvalidInputError` before anything is enqueued):
+    the request's metadata by enqueue's own rules, the prompt, and the ``command`` argv when given (returned as a
+    tuple of strings)."""
+    v.request_metadata(**metadata)
+    v.identifier(metadata["request_id"], "event correlation input")
+    v.plaintext(prompt)
+    return None if command is None else v.command(command, "turn command")
+
+
+def check_interval(value: object, label: str, maximum: int) -> int:
+    """A turn's interval: an integer of milliseconds in ``1..maximum``."""
+    if not v.is_safe_integer(value) or not 1 <= value <= maximum:
+        raise InvalidInputError(f"turn {label} must be a positive integer of milliseconds (at most {maximum})")
+    return value
+
+
 def check_options(
     wait_timeout_ms: object, start_timeout_ms: object, backoff: object, hooks: Mapping[str, object]
 ) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, TypedDict, TypeVar
 
+from .._validate import MAX_SAFE_INTEGER, MAX_TIMER_MS
 from ..clock import wall_clock_ms
 from ..errors import AdmissionError, AdmissionStateError, InvalidInputError, LeaseFenceError, UnknownLeaseError
 from ..evidence import capture
@@ -16,7 +17,15 @@ from ..service import AdmissionService
 from ..states import FailureCategory, PromptChannel, RequestState
 from ..values import AdmittedLease, DispatchRecord, LiveTurnCompletion, LiveTurnFailure, QueueSnapshot
 from ._child import spawn_child, terminate, write_to_stdin
-from ._support import DEFAULT_FINGERPRINT, Backoff, DispatchRefusedError, TurnNotAdmittedError, check_options
+from ._support import (
+    DEFAULT_FINGERPRINT,
+    Backoff,
+    DispatchRefusedError,
+    TurnNotAdmittedError,
+    check_interval,
+    check_options,
+    check_request,
+)
 
 T = TypeVar("T")
 S = RequestState
@@ -61,6 +70,8 @@ class Turn:
     ``admitted_at``, ``waited_ms``, ``child`` (the :class:`subprocess.Popen`, or ``None``
     for an adopted pid), ``pid``, ``lease_lost`` (a heartbeat found the lease gone) and,
     after the block, ``state`` (the request's final :class:`~admission_plane.RequestState`).
+    Every option is checked on construction (the request's metadata by enqueue's rules, the
+    prompt, ``command``, intervals, callbacks): a bad one raises ``InvalidInputError``.
     """
 
     def __init__(
@@ -93,18 +104,6 @@ class Turn:
             raise InvalidInputError("turn needs exactly one of command and spawn")
         if not isinstance(prompt, str):
             raise InvalidInputError("turn prompt must be a string")
-        # Checked as given: callers without type checking may pass anything.
-        intervals: tuple[tuple[object, str], ...] = (
-            (heartbeat_interval_ms, "heartbeat interval"),
-            (payload_grace_ms, "payload grace"),
-        )
-        for value, label in intervals:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidInputError(f"turn {label} must be a positive integer of milliseconds")
-        hooks = {"clock": clock, "sleep": sleep, "progress": progress, "spawn": spawn, "write_prompt": write_prompt}
-        check_options(wait_timeout_ms, start_timeout_ms, backoff, hooks)
-        self.plane = plane
-        self.request_id = request_id
         self._metadata: _RequestMetadata = {
             "request_id": request_id,
             "session_id": session_id,
@@ -113,8 +112,16 @@ class Turn:
             "provider": provider,
             "model": model,
         }
+        argv = check_request(self._metadata, prompt, command)
+        # The heartbeat thread waits this long at a time (a timer refuses more than MAX_TIMER_MS).
+        check_interval(heartbeat_interval_ms, "heartbeat interval", MAX_TIMER_MS)
+        check_interval(payload_grace_ms, "payload grace", MAX_SAFE_INTEGER)
+        hooks = {"clock": clock, "sleep": sleep, "progress": progress, "spawn": spawn, "write_prompt": write_prompt}
+        check_options(wait_timeout_ms, start_timeout_ms, backoff, hooks)
+        self.plane = plane
+        self.request_id = request_id
         self._prompt: str | None = prompt
-        self._spawn: Spawn = spawn if spawn is not None else (lambda: spawn_child(command or ()))
+        self._spawn: Spawn = spawn if spawn is not None else (lambda: spawn_child(argv or ()))
         self._write_prompt: WritePrompt = write_prompt or _write_to_stdin
         try:
             self.prompt_channel = PromptChannel(prompt_channel)

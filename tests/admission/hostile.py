@@ -20,6 +20,8 @@ from typing import Any
 import attrs
 from hypothesis import strategies as st
 
+from admission_plane.errors import AdmissionError, InvalidInputError
+
 MAX_SAFE = 2**53 - 1
 #: A string of 100 000 characters (a huge argument; every identifier refuses it).
 HUGE = "x" * 100_000
@@ -37,11 +39,17 @@ class Opaque:
 
 #: Containers nested a few levels deep, of scalars of every kind.
 NESTED = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(ANY_CHARACTER, max_size=4) | st.binary(max_size=4),
-    lambda inner: st.lists(inner, max_size=3) | st.tuples(inner, inner) | st.dictionaries(st.text(max_size=3), inner,
-                                                                                      max_size=3),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()
+    | st.text(ANY_CHARACTER, max_size=4)
+    | st.binary(max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.tuples(inner, inner) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
     max_leaves=6,
-)  # fmt: skip
+)
 #: Scalars and objects that are neither text nor an integer nor callable.
 OTHER_TYPES = st.one_of(
     st.none(),
@@ -65,10 +73,28 @@ OUT_OF_RANGE = st.one_of(
 )
 #: Strings no identifier accepts: empty, blank, padded, with NUL, controls or lone surrogates, too long, huge.
 BAD_IDENTIFIER_TEXT = st.one_of(
-    st.sampled_from(["", " ", "\t", " x", "x ", "x\n", "a\0b", "\0", "\x01", "\x7f", "a\x1fb", "\ud800", "a\udcffb",
-                     "\ufeff\ud83d", "y" * 257, HUGE]),
+    st.sampled_from(
+        [
+            "",
+            " ",
+            "\t",
+            " x",
+            "x ",
+            "x\n",
+            "a\0b",
+            "\0",
+            "\x01",
+            "\x7f",
+            "a\x1fb",
+            "\ud800",
+            "a\udcffb",
+            "\ufeff\ud83d",
+            "y" * 257,
+            HUGE,
+        ]
+    ),
     st.tuples(ANY_TEXT, st.sampled_from(["\0", "\n", "\x1b", "\ud800", "\udfff"]), ANY_TEXT).map("".join),
-)  # fmt: skip
+)
 #: Text that may or may not be a valid value (the call may accept it or refuse it, either as documented).
 ODD_TEXT = st.one_of(
     ANY_TEXT, st.sampled_from(["x", "0", "-1", "head", "é", "\u00a0x", "x" * 256, "NULL", "'; DROP TABLE leases; --"])
@@ -77,6 +103,13 @@ NOT_TEXT = st.one_of(OTHER_TYPES, NOT_AN_INT.filter(lambda value: not isinstance
 NOT_AN_INT_AT_ALL = st.one_of(OTHER_TYPES, NOT_AN_INT)
 NOT_CALLABLE = st.one_of(OTHER_TYPES, NOT_AN_INT, st.integers(), ANY_TEXT)
 UUID4 = st.uuids(version=4).map(str)
+#: What no child's argv is: no list or tuple, an empty one, one with an empty program, NUL, a lone surrogate, bytes.
+NOT_A_COMMAND = st.one_of(
+    OTHER_TYPES.filter(lambda value: not isinstance(value, list | tuple)),
+    NOT_AN_INT,
+    ANY_TEXT,
+    st.sampled_from([[], [""], ["a\0b"], [1], [b"true"], ["\ud800"], [None], ["true", 2], ("",), ["true", "\0"]]),
+)
 
 
 @attrs.frozen
@@ -84,13 +117,33 @@ class Arg:
     """One argument of a fuzzed call: its valid values, the values it must refuse, and odd ones it may take."""
 
     valid: st.SearchStrategy[Any]
-    wrong: st.SearchStrategy[Any] = st.nothing()
-    odd: st.SearchStrategy[Any] = st.nothing()
+    wrong: st.SearchStrategy[Any] = attrs.field(factory=st.nothing)
+    odd: st.SearchStrategy[Any] = attrs.field(factory=st.nothing)
 
 
 def hostile(arg: Arg) -> st.SearchStrategy[tuple[str, Any]]:
     """``("wrong", value)`` or ``("odd", value)`` for ``arg``."""
     return st.one_of(arg.wrong.map(lambda value: ("wrong", value)), arg.odd.map(lambda value: ("odd", value)))
+
+
+def attempt(call: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, AdmissionError | None]:
+    """``call``'s result and ``None``, or ``None`` and the :class:`AdmissionError` it raised (anything else escapes)."""
+    try:
+        return call(*args, **kwargs), None
+    except AdmissionError as error:
+        return None, error
+
+
+def assert_documented(error: AdmissionError, kind: str) -> None:
+    """A refusal of a value the argument must refuse is an ``InvalidInputError``; every refusal is one line."""
+    if kind == "wrong":
+        assert isinstance(error, InvalidInputError), f"{type(error).__name__}: {error}"
+    assert len(str(error).splitlines()) <= 1, f"a message of more than one line: {error}"
+
+
+def hostile_targets(args: dict[str, Arg]) -> list[str]:
+    """The arguments that have hostile values to try."""
+    return [name for name, arg in args.items() if not (arg.wrong.is_empty and arg.odd.is_empty)]
 
 
 def draw_arguments(data: st.DataObject, args: dict[str, Arg], target: str) -> tuple[dict[str, Any], str]:
@@ -139,6 +192,7 @@ __all__ = [
     "NESTED",
     "NOT_AN_INT",
     "NOT_AN_INT_AT_ALL",
+    "NOT_A_COMMAND",
     "NOT_CALLABLE",
     "NOT_TEXT",
     "ODD_TEXT",
@@ -147,9 +201,12 @@ __all__ = [
     "UUID4",
     "Arg",
     "Opaque",
+    "assert_documented",
+    "attempt",
     "callable_arg",
     "draw_arguments",
     "hostile",
+    "hostile_targets",
     "identifier",
     "one_of_values",
     "random_uuid",
