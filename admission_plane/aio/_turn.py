@@ -7,11 +7,20 @@ from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from .._validate import MAX_SAFE_INTEGER, MAX_TIMER_MS
 from ..clock import wall_clock_ms
 from ..errors import AdmissionError, AdmissionStateError, InvalidInputError, LeaseFenceError, UnknownLeaseError
 from ..evidence import capture
 from ..states import FailureCategory, PromptChannel, RequestState
-from ..turns._support import DEFAULT_FINGERPRINT, Backoff, DispatchRefusedError, TurnNotAdmittedError, check_options
+from ..turns._support import (
+    DEFAULT_FINGERPRINT,
+    Backoff,
+    DispatchRefusedError,
+    TurnNotAdmittedError,
+    check_interval,
+    check_options,
+    check_request,
+)
 from ..turns._turn import _RETRYABLE_START_REFUSALS, _RequestMetadata, _Stage
 from ..values import AdmittedLease, DispatchRecord, LiveTurnCompletion, LiveTurnFailure, QueueSnapshot
 from . import _settle
@@ -68,14 +77,18 @@ class AsyncTurn:
             raise InvalidInputError("turn needs exactly one of command and spawn")
         if not isinstance(prompt, str):
             raise InvalidInputError("turn prompt must be a string")
-        # Checked as given: callers without type checking may pass anything.
-        intervals: tuple[tuple[object, str], ...] = (
-            (heartbeat_interval_ms, "heartbeat interval"),
-            (payload_grace_ms, "payload grace"),
-        )
-        for value, label in intervals:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidInputError(f"turn {label} must be a positive integer of milliseconds")
+        metadata: _RequestMetadata = {
+            "request_id": request_id,
+            "session_id": session_id,
+            "agent_id": agent_id,
+            "fingerprint": fingerprint,
+            "provider": provider,
+            "model": model,
+        }
+        # The same checks as the sync turn, before anything is enqueued.
+        argv = check_request(metadata, prompt, command)
+        check_interval(heartbeat_interval_ms, "heartbeat interval", MAX_TIMER_MS)
+        check_interval(payload_grace_ms, "payload grace", MAX_SAFE_INTEGER)
         hooks = {"clock": clock, "sleep": sleep, "progress": progress, "spawn": spawn, "write_prompt": write_prompt}
         check_options(wait_timeout_ms, start_timeout_ms, backoff, hooks)
         try:
@@ -85,16 +98,9 @@ class AsyncTurn:
         self.aplane = plane
         self.plane = plane.plane
         self.request_id = request_id
-        self._metadata: _RequestMetadata = {
-            "request_id": request_id,
-            "session_id": session_id,
-            "agent_id": agent_id,
-            "fingerprint": fingerprint,
-            "provider": provider,
-            "model": model,
-        }
+        self._metadata = metadata
         self._prompt: str | None = prompt
-        self._command = None if command is None else list(command)
+        self._command = None if argv is None else list(argv)
         self._spawn = spawn
         self._write_prompt: WritePrompt = write_prompt or _write_to_stdin
         self._progress = progress

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import anyio
 import pytest
 
-from admission_plane import AdmissionPlane, Policy, RequestState
+from admission_plane import AdmissionPlane, InvalidInputError, Policy, RequestState
 from admission_plane.aio import AsyncAdmissionPlane, AsyncTurn, spawn_child
 from admission_plane.service import wall_clock_ms
 from admission_plane.store.status import read_status
@@ -351,3 +351,33 @@ def test_async_turns_run_under_anyio(plane: AdmissionPlane) -> None:
     assert anyio.run(main, backend="asyncio") == b"HELLO THERE"
     assert state(plane) is S.COMPLETED
     assert state(plane, "r-2") is S.CANCELLED
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"provider": " p"},
+        {"session_id": "s" * 257},
+        {"model": "m\x00"},
+        {"command": "echo hi"},
+        {"command": [1]},
+        {"heartbeat_interval_ms": 2**53},
+        {"payload_grace_ms": 0},
+    ],
+    ids=[
+        "padded-provider",
+        "long-session",
+        "nul-in-model",
+        "command-string",
+        "command-not-text",
+        "huge-heartbeat",
+        "no-grace",
+    ],
+)
+def test_an_async_turn_refuses_bad_metadata_command_and_intervals_before_enqueueing(
+    plane: AdmissionPlane, overrides: dict[str, object]
+) -> None:
+    """An async turn checks its metadata, command and intervals as the sync turn does, before writing anything."""
+    with pytest.raises(InvalidInputError):
+        AsyncTurn(AsyncAdmissionPlane(plane), **options(**overrides))  # type: ignore[arg-type]
+    assert kinds(plane) == []
