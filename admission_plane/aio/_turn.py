@@ -11,7 +11,8 @@ from .._validate import MAX_SAFE_INTEGER, MAX_TIMER_MS
 from ..clock import wall_clock_ms
 from ..errors import AdmissionError, AdmissionStateError, InvalidInputError, LeaseFenceError, UnknownLeaseError
 from ..evidence import capture
-from ..states import FailureCategory, PromptChannel, RequestState
+from ..states import PromptChannel, RequestState
+from ..turns._decisions import TurnDecisions
 from ..turns._support import (
     DEFAULT_FINGERPRINT,
     Backoff,
@@ -22,7 +23,7 @@ from ..turns._support import (
     check_request,
 )
 from ..turns._turn import _RETRYABLE_START_REFUSALS, _RequestMetadata, _Stage
-from ..values import AdmittedLease, DispatchRecord, LiveTurnCompletion, LiveTurnFailure, QueueSnapshot
+from ..values import AdmittedLease, DispatchRecord, LiveTurnCompletion, QueueSnapshot
 from . import _settle
 from ._child import Process, spawn_child, terminate, write_to_stdin
 from ._support import maybe_await, settle
@@ -40,7 +41,7 @@ async def _write_to_stdin(turn: AsyncTurn, prompt: str) -> None:
     await write_to_stdin(turn.child, prompt)
 
 
-class AsyncTurn:
+class AsyncTurn(TurnDecisions):
     """One agent turn driven through the lifecycle by ``async with`` (see :mod:`admission_plane.aio`).
 
     The options, attributes and outcomes are those of :class:`admission_plane.turns.Turn`,
@@ -125,35 +126,6 @@ class AsyncTurn:
 
     def __repr__(self) -> str:
         return f"<AsyncTurn {self.state or self._stage_name()}>"
-
-    # --- what the block may decide ----------------------------------------------------------------
-
-    def complete(self) -> None:
-        """End the turn ``completed`` when the block exits (the default)."""
-        self._completion = LiveTurnCompletion(S.COMPLETED)
-
-    def cancel(self) -> None:
-        """End the turn ``cancelled`` when the block exits (this is not task cancellation)."""
-        self._completion = LiveTurnCompletion(S.CANCELLED)
-
-    def fail(
-        self,
-        category: FailureCategory | str = FailureCategory.UNKNOWN,
-        *,
-        http_status: int | None = None,
-        code: str | None = None,
-        reason: str | None = None,
-    ) -> None:
-        """End the turn ``failed``; ``provider_capacity`` cools its provider/model down for every connector."""
-        failure = LiveTurnFailure(category, http_status=http_status, code=code, reason=reason)
-        self._completion = LiveTurnCompletion(S.FAILED, failure)
-
-    @property
-    def waited_ms(self) -> int | None:
-        """Milliseconds from enqueue to admission (``None`` before admission)."""
-        if self.enqueued_at is None or self.admitted_at is None:
-            return None
-        return max(0, self.admitted_at - self.enqueued_at)
 
     # --- the lifecycle ------------------------------------------------------------------------------
 

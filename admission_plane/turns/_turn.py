@@ -14,9 +14,10 @@ from ..clock import wall_clock_ms
 from ..errors import AdmissionError, AdmissionStateError, InvalidInputError, LeaseFenceError, UnknownLeaseError
 from ..evidence import capture
 from ..service import AdmissionService
-from ..states import FailureCategory, PromptChannel, RequestState
-from ..values import AdmittedLease, DispatchRecord, LiveTurnCompletion, LiveTurnFailure, QueueSnapshot
+from ..states import PromptChannel, RequestState
+from ..values import AdmittedLease, DispatchRecord, LiveTurnCompletion, QueueSnapshot
 from ._child import spawn_child, terminate, write_to_stdin
+from ._decisions import TurnDecisions
 from ._support import (
     DEFAULT_FINGERPRINT,
     Backoff,
@@ -61,7 +62,7 @@ class _Stage:
     DONE = 4
 
 
-class Turn:
+class Turn(TurnDecisions):
     """One agent turn driven through the lifecycle by ``with`` (see the module docstring).
 
     Attributes readable in the block and afterwards: ``request_id``, ``lease``
@@ -150,35 +151,6 @@ class Turn:
 
     def __repr__(self) -> str:
         return f"<Turn {self.state or self._stage_name()}>"
-
-    # --- what the block may decide ----------------------------------------------------------------
-
-    def complete(self) -> None:
-        """End the turn ``completed`` when the block exits (the default)."""
-        self._completion = LiveTurnCompletion(S.COMPLETED)
-
-    def cancel(self) -> None:
-        """End the turn ``cancelled`` when the block exits."""
-        self._completion = LiveTurnCompletion(S.CANCELLED)
-
-    def fail(
-        self,
-        category: FailureCategory | str = FailureCategory.UNKNOWN,
-        *,
-        http_status: int | None = None,
-        code: str | None = None,
-        reason: str | None = None,
-    ) -> None:
-        """End the turn ``failed``; ``provider_capacity`` cools its provider/model down for every connector."""
-        failure = LiveTurnFailure(category, http_status=http_status, code=code, reason=reason)
-        self._completion = LiveTurnCompletion(S.FAILED, failure)
-
-    @property
-    def waited_ms(self) -> int | None:
-        """Milliseconds from enqueue to admission (``None`` before admission)."""
-        if self.enqueued_at is None or self.admitted_at is None:
-            return None
-        return max(0, self.admitted_at - self.enqueued_at)
 
     # --- the lifecycle ------------------------------------------------------------------------------
 

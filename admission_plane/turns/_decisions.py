@@ -1,0 +1,41 @@
+"""What the block of a turn may decide, shared by the sync and the asyncio turn."""
+
+from __future__ import annotations
+
+from ..states import FailureCategory, RequestState
+from ..values import LiveTurnCompletion, LiveTurnFailure
+
+
+class TurnDecisions:
+    """The outcome the block chooses (``complete``, ``cancel``, ``fail``) and the time it waited."""
+
+    _completion: LiveTurnCompletion
+    enqueued_at: int | None
+    admitted_at: int | None
+
+    def complete(self) -> None:
+        """End the turn ``completed`` when the block exits (the default)."""
+        self._completion = LiveTurnCompletion(RequestState.COMPLETED)
+
+    def cancel(self) -> None:
+        """End the turn ``cancelled`` when the block exits (this is not task or thread cancellation)."""
+        self._completion = LiveTurnCompletion(RequestState.CANCELLED)
+
+    def fail(
+        self,
+        category: FailureCategory | str = FailureCategory.UNKNOWN,
+        *,
+        http_status: int | None = None,
+        code: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """End the turn ``failed``; ``provider_capacity`` cools its provider/model down for every connector."""
+        failure = LiveTurnFailure(category, http_status=http_status, code=code, reason=reason)
+        self._completion = LiveTurnCompletion(RequestState.FAILED, failure)
+
+    @property
+    def waited_ms(self) -> int | None:
+        """Milliseconds from enqueue to admission (``None`` before admission)."""
+        if self.enqueued_at is None or self.admitted_at is None:
+            return None
+        return max(0, self.admitted_at - self.enqueued_at)
