@@ -7,7 +7,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from .._validate import MAX_SAFE_INTEGER, MAX_TIMER_MS
 from ..clock import wall_clock_ms
 from ..errors import AdmissionError, AdmissionStateError, InvalidInputError, LeaseFenceError, UnknownLeaseError
 from ..evidence import capture
@@ -18,11 +17,9 @@ from ..turns._support import (
     Backoff,
     DispatchRefusedError,
     TurnNotAdmittedError,
-    check_interval,
-    check_options,
-    check_request,
+    check_turn,
 )
-from ..turns._turn import _RETRYABLE_START_REFUSALS, _RequestMetadata, _Stage
+from ..turns._turn import _RETRYABLE_START_REFUSALS, _Stage
 from ..values import AdmittedLease, DispatchRecord, LiveTurnCompletion, QueueSnapshot
 from . import _settle
 from ._child import Process, spawn_child, terminate, write_to_stdin
@@ -74,34 +71,33 @@ class AsyncTurn(TurnDecisions):
         clock: Callable[[], int] = wall_clock_ms,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> None:
-        if (command is None) == (spawn is None):
-            raise InvalidInputError("turn needs exactly one of command and spawn")
-        if not isinstance(prompt, str):
-            raise InvalidInputError("turn prompt must be a string")
-        metadata: _RequestMetadata = {
-            "request_id": request_id,
-            "session_id": session_id,
-            "agent_id": agent_id,
-            "fingerprint": fingerprint,
-            "provider": provider,
-            "model": model,
-        }
-        # The same checks as the sync turn, before anything is enqueued.
-        argv = check_request(metadata, prompt, command)
-        check_interval(heartbeat_interval_ms, "heartbeat interval", MAX_TIMER_MS)
-        check_interval(payload_grace_ms, "payload grace", MAX_SAFE_INTEGER)
-        hooks = {"clock": clock, "sleep": sleep, "progress": progress, "spawn": spawn, "write_prompt": write_prompt}
-        check_options(wait_timeout_ms, start_timeout_ms, backoff, hooks)
-        try:
-            self.prompt_channel = PromptChannel(prompt_channel)
-        except ValueError:
-            raise InvalidInputError("prompt channel must be stdin or pty") from None
+        checked = check_turn(
+            {
+                "request_id": request_id,
+                "session_id": session_id,
+                "agent_id": agent_id,
+                "fingerprint": fingerprint,
+                "provider": provider,
+                "model": model,
+            },
+            prompt=prompt,
+            command=command,
+            spawn=spawn,
+            prompt_channel=prompt_channel,
+            heartbeat_interval_ms=heartbeat_interval_ms,
+            payload_grace_ms=payload_grace_ms,
+            wait_timeout_ms=wait_timeout_ms,
+            start_timeout_ms=start_timeout_ms,
+            backoff=backoff,
+            hooks={"clock": clock, "sleep": sleep, "progress": progress, "spawn": spawn, "write_prompt": write_prompt},
+        )
+        self.prompt_channel = checked.prompt_channel
+        self._metadata = checked.metadata
         self.aplane = plane
         self.plane = plane.plane
         self.request_id = request_id
-        self._metadata = metadata
         self._prompt: str | None = prompt
-        self._command = None if argv is None else list(argv)
+        self._command = None if checked.argv is None else list(checked.argv)
         self._spawn = spawn
         self._write_prompt: WritePrompt = write_prompt or _write_to_stdin
         self._progress = progress

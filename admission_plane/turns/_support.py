@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator, Mapping
+from typing import TypedDict
 
 import attrs
 
 from .. import _validate as v
 from ..errors import AdmissionStateError, InvalidInputError
+from ..states import PromptChannel
 
 #: The request fingerprint used when the caller gives none (it is stored in clear: never derive it from the prompt).
 DEFAULT_FINGERPRINT = "admission-plane.turn/1"
@@ -94,3 +96,54 @@ def check_options(
         raise InvalidInputError("turn backoff must be an admission_plane.turns.Backoff")
     for name, hook in hooks.items():
         v.hook(hook, f"turn {name}", optional=name in ("progress", "spawn", "write_prompt"))
+
+
+class RequestMetadata(TypedDict):
+    """The request's identity, passed as is to ``enqueue_with_payload``."""
+
+    request_id: str
+    session_id: str
+    agent_id: str
+    fingerprint: str
+    provider: str
+    model: str
+
+
+@attrs.frozen
+class CheckedTurn:
+    """A turn's options once :func:`check_turn` accepted them."""
+
+    metadata: RequestMetadata
+    argv: tuple[str, ...] | None
+    prompt_channel: PromptChannel
+
+
+def check_turn(
+    metadata: RequestMetadata,
+    *,
+    prompt: object,
+    command: object,
+    spawn: object,
+    prompt_channel: PromptChannel | str,
+    heartbeat_interval_ms: object,
+    payload_grace_ms: object,
+    wait_timeout_ms: object,
+    start_timeout_ms: object,
+    backoff: object,
+    hooks: Mapping[str, object],
+) -> CheckedTurn:
+    """Every option of a turn (sync or asyncio), checked as given before anything is enqueued."""
+    if (command is None) == (spawn is None):
+        raise InvalidInputError("turn needs exactly one of command and spawn")
+    if not isinstance(prompt, str):
+        raise InvalidInputError("turn prompt must be a string")
+    argv = check_request(metadata, prompt, command)
+    # The heartbeat waits this long at a time (a timer refuses more than MAX_TIMER_MS).
+    check_interval(heartbeat_interval_ms, "heartbeat interval", v.MAX_TIMER_MS)
+    check_interval(payload_grace_ms, "payload grace", v.MAX_SAFE_INTEGER)
+    check_options(wait_timeout_ms, start_timeout_ms, backoff, hooks)
+    try:
+        channel = PromptChannel(prompt_channel)
+    except ValueError:
+        raise InvalidInputError("prompt channel must be stdin or pty") from None
+    return CheckedTurn(metadata, argv, channel)

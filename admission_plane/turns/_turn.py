@@ -7,9 +7,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any, TypedDict, TypeVar
+from typing import Any, TypeVar
 
-from .._validate import MAX_SAFE_INTEGER, MAX_TIMER_MS
 from ..clock import wall_clock_ms
 from ..errors import AdmissionError, AdmissionStateError, InvalidInputError, LeaseFenceError, UnknownLeaseError
 from ..evidence import capture
@@ -23,9 +22,7 @@ from ._support import (
     Backoff,
     DispatchRefusedError,
     TurnNotAdmittedError,
-    check_interval,
-    check_options,
-    check_request,
+    check_turn,
 )
 
 T = TypeVar("T")
@@ -37,17 +34,6 @@ _RETRYABLE_START_REFUSALS = frozenset({"concurrent start limit reached", "start 
 Progress = Callable[["Turn", str], object]
 Spawn = Callable[[], "subprocess.Popen[bytes] | int"]
 WritePrompt = Callable[["Turn", str], object]
-
-
-class _RequestMetadata(TypedDict):
-    """The request's identity, passed as is to ``enqueue_with_payload``."""
-
-    request_id: str
-    session_id: str
-    agent_id: str
-    fingerprint: str
-    provider: str
-    model: str
 
 
 def _write_to_stdin(turn: Turn, prompt: str) -> None:
@@ -101,33 +87,34 @@ class Turn(TurnDecisions):
     ) -> None:
         if not isinstance(plane, AdmissionService):
             raise InvalidInputError("turn needs an AdmissionPlane")
-        if (command is None) == (spawn is None):
-            raise InvalidInputError("turn needs exactly one of command and spawn")
-        if not isinstance(prompt, str):
-            raise InvalidInputError("turn prompt must be a string")
-        self._metadata: _RequestMetadata = {
-            "request_id": request_id,
-            "session_id": session_id,
-            "agent_id": agent_id,
-            "fingerprint": fingerprint,
-            "provider": provider,
-            "model": model,
-        }
-        argv = check_request(self._metadata, prompt, command)
-        # The heartbeat thread waits this long at a time (a timer refuses more than MAX_TIMER_MS).
-        check_interval(heartbeat_interval_ms, "heartbeat interval", MAX_TIMER_MS)
-        check_interval(payload_grace_ms, "payload grace", MAX_SAFE_INTEGER)
-        hooks = {"clock": clock, "sleep": sleep, "progress": progress, "spawn": spawn, "write_prompt": write_prompt}
-        check_options(wait_timeout_ms, start_timeout_ms, backoff, hooks)
+        checked = check_turn(
+            {
+                "request_id": request_id,
+                "session_id": session_id,
+                "agent_id": agent_id,
+                "fingerprint": fingerprint,
+                "provider": provider,
+                "model": model,
+            },
+            prompt=prompt,
+            command=command,
+            spawn=spawn,
+            prompt_channel=prompt_channel,
+            heartbeat_interval_ms=heartbeat_interval_ms,
+            payload_grace_ms=payload_grace_ms,
+            wait_timeout_ms=wait_timeout_ms,
+            start_timeout_ms=start_timeout_ms,
+            backoff=backoff,
+            hooks={"clock": clock, "sleep": sleep, "progress": progress, "spawn": spawn, "write_prompt": write_prompt},
+        )
+        self.prompt_channel = checked.prompt_channel
+        self._metadata = checked.metadata
         self.plane = plane
         self.request_id = request_id
         self._prompt: str | None = prompt
-        self._spawn: Spawn = spawn if spawn is not None else (lambda: spawn_child(argv or ()))
+        argv = checked.argv or ()
+        self._spawn: Spawn = spawn if spawn is not None else (lambda: spawn_child(argv))
         self._write_prompt: WritePrompt = write_prompt or _write_to_stdin
-        try:
-            self.prompt_channel = PromptChannel(prompt_channel)
-        except ValueError:
-            raise InvalidInputError("prompt channel must be stdin or pty") from None
         self._progress = progress
         self._wait_timeout_ms = wait_timeout_ms
         self._start_timeout_ms = start_timeout_ms

@@ -490,7 +490,8 @@ def _plane_args(state: PlaneState) -> dict[str, Arg]:
     )
     wrong_database = st.one_of(
         OTHER_TYPES.filter(lambda value: not isinstance(value, os.PathLike)),
-        NOT_AN_INT_AT_ALL.filter(lambda value: not isinstance(value, str)),
+        # A path object is a valid way to name a database: never a wrong value here.
+        NOT_AN_INT_AT_ALL.filter(lambda value: not isinstance(value, str | os.PathLike)),
         st.integers(),
         wrong_text,
         st.sampled_from([database.encode(), b"x.sqlite", Path("a\0b")]),
