@@ -135,25 +135,6 @@ def same_owner_generation_baseline(left: OwnerGenerationBaseline, right: OwnerGe
     return left == right
 
 
-def read_generation_record(state_dir: str | os.PathLike[str], session_id: str) -> dict[str, Any] | None:
-    """The raw current-generation object, or ``None`` when absent, corrupt or a symlink (the seed's ``readJson``).
-
-    Raises ``untrusted_root`` when the session or lifecycle directory is a symlink.
-    """
-    paths = lifecycle_paths(state_dir, session_id, "baseline")
-    directory = open_lifecycle(paths)
-    if directory is None:
-        return None
-    with directory:
-        return directory.read_json(paths.generation_file.name)
-
-
-def is_current_owner_generation(state_dir: str | os.PathLike[str], session_id: str, generation: str) -> bool:
-    """Whether ``generation.json`` names ``generation`` (the seed's loose ``isCurrentOwnerGeneration``)."""
-    record = read_generation_record(state_dir, session_id)
-    return record is not None and record.get("generation") == generation
-
-
 def capture_owner_generation_baseline(state_dir: str | os.PathLike[str], session_id: str) -> OwnerGenerationBaseline:
     """Read ``generation.json`` strictly.
 
