@@ -132,7 +132,12 @@ class Connector:
 
         policy = Policy(*json.loads(args.policy))
         self.plane = AdmissionPlane(
-            args.database, policy=policy, encryption_key=ENCRYPTION_KEY, content_fingerprint_key=CONTENT_KEY
+            args.database,
+            policy=policy,
+            encryption_key=ENCRYPTION_KEY,
+            content_fingerprint_key=CONTENT_KEY,
+            # pg_scale simulates several hosts on one database: worker i is host ``i mod --hosts``.
+            host_id=f"simulated-host-{args.index % args.hosts}" if args.hosts else None,
         )
         self.index, self.hold_s, self.poll_s = args.index, args.hold_ms / 1000, args.poll_ms / 1000
         self.max_poll_ms = max(args.max_poll_ms, args.poll_ms)
@@ -154,9 +159,8 @@ class Connector:
                     raise
                 time.sleep(self.poll_s)
 
-    def _poll_sleep(self, seconds: float) -> None:
-        self.polls += 1
-        time.sleep(seconds)
+    def _looked(self, _now: int) -> None:
+        self.polls += 1  # a look that did not admit: the waiting cost, counted alike with any doorbell
 
     def turn(self) -> bool:
         """One full turn of this process's own request; ``False`` if it had to be abandoned."""
@@ -182,7 +186,7 @@ class Connector:
                 self.owner,
                 initial_delay_ms=self.poll_s * 1000,
                 max_delay_ms=self.max_poll_ms,
-                sleep=self._poll_sleep,
+                on_wait=self._looked,
             )
         )
         assert lease is not None, "a queued request without a timeout is always admitted eventually"
@@ -254,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--poll-ms", type=float, default=1)
     parser.add_argument("--max-poll-ms", type=float, default=4, help="the back-off ceiling")
     parser.add_argument("--policy", required=True, help="JSON list: the five policy integers")
+    parser.add_argument("--hosts", type=int, default=0, help="simulated hosts (0: this machine's host id)")
     args = parser.parse_args(argv)
     GATE.install()
     connector = Connector(args)

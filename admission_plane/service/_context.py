@@ -23,7 +23,7 @@ from ..evidence import ConnectorIdentity
 from ..policy import Policy
 from ..store.doorbell import Doorbell, ListeningDoorbell
 from ..store.tx import Tx
-from ..store.unit_of_work import run
+from ..store.unit_of_work import Gate, run
 
 T = TypeVar("T")
 
@@ -129,11 +129,12 @@ class PlaneContext:
         """The plane clock's reading; :class:`InvalidInputError` unless it is a non-negative safe integer."""
         return v.timestamp(self.clock(), "plane clock reading")
 
-    def run(self, work: Callable[[Tx], T], *, read_only: bool = False) -> T:
-        """Run ``work`` in one unit of work (see :func:`admission_plane.store.unit_of_work.run`)."""
+    def run(self, work: Callable[[Tx], T], *, read_only: bool = False, gate: Gate | None = None) -> T:
+        """Run ``work`` in one unit of work (see :func:`admission_plane.store.unit_of_work.run`; ``gate``: how a
+        PostgreSQL unit takes the plane's advisory lock, :class:`~admission_plane.store.unit_of_work.Gate`)."""
         if self._closed:
             raise AdmissionStateError("admission plane is closed")
-        return run(self.engine, work, read_only=read_only)
+        return run(self.engine, work, read_only=read_only, gate=gate)
 
     def close(self) -> None:
         """Wipe the keys, stop the doorbell and release the engine if the plane created it. Idempotent."""

@@ -14,9 +14,9 @@ from ..errors import InvalidInputError, LeaseFenceError
 from ..states import EventKind, RequestState
 from ..store.rows import IdentityRow, as_params
 from ..store.statements.dispatch import INSERT_IDENTITY, SELECT_IDENTITY, SELECT_LEASE_WITH_REQUEST
-from ..store.statements.leases import SELECT_LEASE
+from ..store.statements.leases import SELECT_LEASE_FOR_UPDATE
 from ..store.tx import Tx
-from ..store.unit_of_work import contention_name
+from ..store.unit_of_work import Gate, contention_name
 from ..values import DispatchIntentResult, DispatchRecord
 from ._context import PlaneContext
 from ._inventory import dispatch_record_from_mapping
@@ -35,7 +35,9 @@ def persist(ctx: PlaneContext, record: DispatchRecord | object) -> DispatchInten
         return _not_committed("invalid_process_identity")
     driver_error = ctx.engine.dialect.loaded_dbapi.Error
     try:
-        return ctx.run(lambda tx: _in_transaction(ctx, tx, normalized))
+        # A lease unit (see ``_lifecycle``): the lease row is locked first, so the phase and the
+        # evidence it reads are final; nothing here is read by admission.
+        return ctx.run(lambda tx: _in_transaction(ctx, tx, normalized), gate=Gate.LEASE)
     except Exception as error:  # noqa: BLE001 - a prompt writer must never see a raw or partial failure
         cause = error.__cause__ if isinstance(error.__cause__, driver_error) else error
         if contention_name(cause) is not None:
@@ -65,7 +67,7 @@ def identity_row(record: DispatchRecord) -> IdentityRow:
 
 
 def _in_transaction(ctx: PlaneContext, tx: Tx, record: DispatchRecord) -> DispatchIntentResult:
-    lease = tx.one(SELECT_LEASE, {"lease_id": record.lease_id})
+    lease = tx.one(SELECT_LEASE_FOR_UPDATE, {"lease_id": record.lease_id})
     if lease is None or (lease.request_id, lease.generation, lease.owner_instance_id) != (
         record.request_id,
         record.generation,
@@ -87,7 +89,7 @@ def _in_transaction(ctx: PlaneContext, tx: Tx, record: DispatchRecord) -> Dispat
     except LeaseFenceError:
         return _not_committed("stale_lease")
     values = as_params(identity_row(record))
-    tx.execute(INSERT_IDENTITY, {"lease_id": record.lease_id, "now": committed_at, "host_id": ctx.host_id, **values})
+    tx.send(INSERT_IDENTITY, {"lease_id": record.lease_id, "now": committed_at, "host_id": ctx.host_id, **values})
     hook = ctx.faults.after_process_identity_persisted
     if hook is not None:
         hook()

@@ -8,6 +8,7 @@ from ..states import EVENT_STATES, RECOVERY_ROW_EVENT_ID, RETAINED, UNTRUSTED, E
 from ..store.rows import EventRow
 from ..store.statements.journal import INSERT_EVENT, SELECT_EVENTS
 from ..store.tx import Tx
+from ..store.unit_of_work import Gate
 from ..values import SanitizedEvent
 from ._context import PlaneContext
 
@@ -23,7 +24,7 @@ def record(ctx: PlaneContext, tx: Tx, kind: str, request_id: str, from_state: st
     v.timestamp(now, "event timestamp")
     if not is_allowed_transition(kind, from_state, to_state):
         raise AdmissionStateError("admission event transition is not allowlisted")
-    tx.execute(
+    tx.send(  # nothing reads its result: on PostgreSQL it travels with the next round trip
         INSERT_EVENT,
         {
             "kind": str(kind),
@@ -60,7 +61,12 @@ def read_page(ctx: PlaneContext, after_event_seq: int, limit: int) -> tuple[Sani
     if not v.is_safe_integer(limit) or not 1 <= limit <= MAX_PAGE:
         raise InvalidInputError("sanitized event page limit must be between 1 and 1000")
     params = {"after": after_event_seq, "limit": limit}
-    rows = ctx.run(lambda tx: tx.all(SELECT_EVENTS, params), read_only=True)
+    # PostgreSQL: lease units commit side by side, so an event may commit after one with a
+    # higher ``event_seq``, and a reader paging by sequence could step over it. Reading under
+    # the gate taken exclusively waits until no writer is in flight: every sequence number
+    # handed out so far then belongs to a committed event or to none (a rollback), so the page
+    # is a gap-free prefix of what will ever be committed below its last number.
+    rows = ctx.run(lambda tx: tx.all(SELECT_EVENTS, params), read_only=True, gate=Gate.ADMISSION)
     return tuple(_sanitized(row) for row in rows)
 
 

@@ -38,6 +38,7 @@ from ..store.statements.transitions import (
     RESERVE_REQUEST,
     SET_LEASE_PHASE,
     SET_REQUEST_STATE,
+    combined_edge,
 )
 from ..store.tx import Tx
 from . import _journal
@@ -109,6 +110,17 @@ def change(
     return True
 
 
+def free_lease(
+    ctx: PlaneContext, tx: Tx, lease: LeaseRow, event: EventKind, target: str, now: int, source: str | None = None
+) -> str | None:
+    """:func:`change` for an edge that deletes ``lease``; the policy's drain state if the same
+    statement read it (PostgreSQL), else ``None``."""
+    moved = edge(event, lease.phase if source is None else source, target)
+    if moved.lease is not LeaseEffect.DELETE:
+        raise AdmissionStateError("the edge does not free the lease's seat")
+    return _move_lease(ctx, tx, lease, moved, now)
+
+
 def _leave_queue(ctx: PlaneContext, tx: Tx, subject: QueuedRequest, move: Transition, now: int) -> bool:
     params = {"request_id": subject.request_id, "source": move.source, "target": move.target, "now": now}
     if tx.execute(END_QUEUED_REQUEST, params) != 1:
@@ -133,7 +145,9 @@ def _create_lease(ctx: PlaneContext, tx: Tx, lease: NewLease, move: Transition, 
     _finish(ctx, tx, lease.request_id, move, now)
 
 
-def _move_lease(ctx: PlaneContext, tx: Tx, lease: LeaseRow, move: Transition, now: int) -> None:
+def _move_lease(ctx: PlaneContext, tx: Tx, lease: LeaseRow, move: Transition, now: int) -> str | None:
+    """Apply a lease edge; on PostgreSQL, when it deletes the lease, return the policy's drain state
+    read by the same statement (``None``: not read)."""
     fence = {
         "lease_id": lease.lease_id,
         "owner_instance_id": lease.owner_instance_id,
@@ -141,6 +155,22 @@ def _move_lease(ctx: PlaneContext, tx: Tx, lease: LeaseRow, move: Transition, no
         "phase": lease.phase,
         "now": now,
     }
+    terminal = move.target in TERMINAL_STATES
+    params = {"request_id": lease.request_id, "generation": lease.generation, "now": now}
+    if tx.dialect.name == "postgresql" and move.lease in _COMBINED:
+        # One round trip for the lease, the request and the payload (store.statements.transitions).
+        payload = move.target in PAYLOAD_DELETED_STATES
+        source = lease.phase if move.lease is LeaseEffect.MOVE else move.source
+        row = tx.row(
+            combined_edge(move.lease, terminal, payload),
+            {**fence, **params, "source": source, "target": move.target},
+        )
+        if row is None or row[0] != 1:
+            raise LeaseFenceError()
+        if row[1] != 1:
+            raise AdmissionStateError(f"lease and request state diverged at {move.target}")
+        _finish(ctx, tx, lease.request_id, move, now, payload_deleted=payload)
+        return row[-1] if move.lease is LeaseEffect.DELETE else None
     if move.lease is LeaseEffect.MOVE:
         changed = tx.execute(SET_LEASE_PHASE, {**fence, "source": lease.phase, "target": move.target})
     elif move.lease is LeaseEffect.DELETE:
@@ -149,11 +179,11 @@ def _move_lease(ctx: PlaneContext, tx: Tx, lease: LeaseRow, move: Transition, no
         changed = 1
     if changed != 1:
         raise LeaseFenceError()
-    request = END_LEASED_REQUEST if move.target in TERMINAL_STATES else SET_REQUEST_STATE
-    params = {"request_id": lease.request_id, "generation": lease.generation, "now": now}
+    request = END_LEASED_REQUEST if terminal else SET_REQUEST_STATE
     if tx.execute(request, {**params, "source": move.source, "target": move.target}) != 1:
         raise AdmissionStateError(f"lease and request state diverged at {move.target}")
     _finish(ctx, tx, lease.request_id, move, now)
+    return None
 
 
 def _complete_drain(ctx: PlaneContext, tx: Tx, drain: DrainCompletion, move: Transition, now: int) -> None:
@@ -163,10 +193,12 @@ def _complete_drain(ctx: PlaneContext, tx: Tx, drain: DrainCompletion, move: Tra
     _journal.record(ctx, tx, move.event, POLICY_EVENT_ID, move.source, move.target, now)
 
 
-def _finish(ctx: PlaneContext, tx: Tx, request_id: str, move: Transition, now: int) -> None:
+def _finish(
+    ctx: PlaneContext, tx: Tx, request_id: str, move: Transition, now: int, *, payload_deleted: bool = False
+) -> None:
     """What every request edge ends with: the payload rule, the doorbell and the journal."""
-    if move.target in PAYLOAD_DELETED_STATES:
-        tx.execute(DELETE_PAYLOAD, {"request_id": request_id})
+    if move.target in PAYLOAD_DELETED_STATES and not payload_deleted:
+        tx.send(DELETE_PAYLOAD, {"request_id": request_id})
     tx.ring(_bells(move))
     _journal.record(ctx, tx, move.event, request_id, move.source, move.target, now)
 
@@ -185,5 +217,6 @@ def _bells(move: Transition) -> int:
     return bells
 
 
+_COMBINED = frozenset({LeaseEffect.MOVE, LeaseEffect.DELETE})
 # Plain integers: every transaction computes its bells, and IntFlag arithmetic costs enum calls.
 _QUEUE, _SEATS, _STARTS = int(Bell.QUEUE), int(Bell.SEATS), int(Bell.STARTS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 
 from .. import _validate as v
@@ -14,6 +15,8 @@ from ._context import PlaneContext
 #: With a doorbell, a waiter looks again at least this often (ms) even if nothing rang:
 #: writers that do not ring (another program on the same file) are noticed this late.
 DOORBELL_FALLBACK_MS = 250
+#: How long a PostgreSQL waiter gives the doorbell's ``LISTEN`` to be in place before its first look (s).
+LISTEN_READY_S = 1.0
 #: Without a doorbell, a waiter behind another request looks again after about this long (s).
 BEHIND_DELAY_S = 0.003
 
@@ -42,6 +45,9 @@ def wait_for_admission(
     v.hook(on_wait, "admission wait on_wait", optional=True)
     deadline = None if timeout_ms is None else ctx.now() + timeout_ms
     doorbell = ctx.doorbell
+    if isinstance(doorbell, ListeningDoorbell) and sleep is time.sleep:
+        # The first wait is on the doorbell too: give its LISTEN a moment to be in place.
+        doorbell.wait_ready(LISTEN_READY_S)
     delay = initial_delay_ms / 1000
     while True:
         seen = None if doorbell is None else doorbell.read()
@@ -75,13 +81,24 @@ def _await_doorbell(
     max_delay_ms: float,
     sleep: Callable[[float], object],
 ) -> None:
-    """Sleep until ``wake`` is rung past ``seen`` or the plane's clock reaches ``limit``."""
+    """Sleep until ``wake`` is rung past ``seen`` or the plane's clock reaches ``limit``.
+
+    On PostgreSQL, with the real ``time.sleep``, the wait blocks on the listening doorbell
+    and wakes at the ring itself (a step is then only the longest wait between checks of
+    the clock); otherwise it polls the counters every step.
+    """
     step = initial_delay_ms / 1000
+    listening = doorbell if isinstance(doorbell, ListeningDoorbell) and sleep is time.sleep else None
+    last = seen
     while True:
-        sleep(step * _jitter())
-        current = doorbell.read()
+        if listening is not None:
+            current = listening.wait_past(last, min(step, max(0.0, (limit - ctx.now()) / 1000)))
+        else:
+            sleep(step * _jitter())
+            current = doorbell.read()
         if current is None or wake.rung(seen, current) or ctx.now() >= limit:
             return
+        last = current
         if not (wake.seats or wake.starts):  # not first in line: no hurry
             step = min(step * 2, max_delay_ms / 1000)
 

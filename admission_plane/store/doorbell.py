@@ -217,7 +217,7 @@ class ListeningDoorbell:
     and whenever the connection was lost, and the thread reconnects every second.
     """
 
-    __slots__ = ("_chimes", "_connect", "_listeners", "_lock", "_ready", "_stop", "_thread")
+    __slots__ = ("_changed", "_chimes", "_connect", "_listeners", "_lock", "_ready", "_stop", "_thread")
 
     #: How long one wait for notifications lasts before the thread checks for ``close``.
     POLL_S = 0.2
@@ -225,6 +225,8 @@ class ListeningDoorbell:
     def __init__(self, connect: Callable[[], Any]) -> None:
         self._connect = connect
         self._lock = threading.Lock()
+        #: Notified whenever the counters move, so a waiter wakes at the ring, not at its next poll.
+        self._changed = threading.Condition(self._lock)
         self._chimes = Chimes()
         self._ready = threading.Event()
         self._stop = threading.Event()
@@ -257,6 +259,24 @@ class ListeningDoorbell:
         with self._lock:
             return self._chimes
 
+    def wait_ready(self, timeout: float) -> Chimes | None:
+        """Start listening if needed and wait up to ``timeout`` seconds for the ``LISTEN``; then :meth:`read`."""
+        if self._thread is None:
+            self._start_listening()
+        self._ready.wait(timeout)
+        return self.read()
+
+    def wait_past(self, seen: Chimes, timeout: float) -> Chimes | None:
+        """Block until the counters move past ``seen`` (or ``timeout`` seconds pass); then
+        :meth:`read`. A waiter on PostgreSQL wakes within the notification's delivery, not at
+        its next poll."""
+        if self._thread is None:
+            self._start_listening()
+        with self._changed:
+            if self._ready.is_set() and self._chimes == seen:
+                self._changed.wait(timeout)
+            return self._chimes if self._ready.is_set() else None
+
     def _start_listening(self) -> None:
         with self._lock:  # checked again under the lock: another thread may have started it
             if self._thread is None and not self._stop.is_set():
@@ -278,6 +298,7 @@ class ListeningDoorbell:
     def _count(self, delta: Chimes) -> None:
         with self._lock:
             self._chimes = self._chimes.plus(delta)
+            self._changed.notify_all()
             listeners = self._listeners
         for listener in listeners:
             try:

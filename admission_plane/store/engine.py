@@ -10,7 +10,11 @@ recipe). A connection may ask for a deferred ``BEGIN`` with the execution option
 
 PostgreSQL (``postgresql+psycopg://``): ``READ COMMITTED``; operations that change
 seats, starts or the queue serialise on a transaction-level advisory lock (see
-:mod:`admission_plane.store.unit_of_work`).
+:mod:`admission_plane.store.unit_of_work`). Statements are prepared on the server at
+their first use on a connection (psycopg's ``prepare_threshold=0``; pass
+``connect_args={"prepare_threshold": None}`` behind a pooler that cannot keep them), and a
+pooled connection is checked with a round trip only when it has been idle for
+:data:`PING_AFTER_IDLE_S` (a connector's back-to-back units do not pay one each).
 
 The two ways a transaction begins share :data:`SQLITE_BEGIN`: the unit of work issues it on
 the driver connection itself (the hot path never goes through a SQLAlchemy ``Connection``),
@@ -22,12 +26,13 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from typing import Any
 from urllib.parse import quote_plus
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, Connection, make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, DisconnectionError, NoSuchModuleError
 
 from .. import _validate as v
 from ..errors import InvalidInputError
@@ -35,6 +40,8 @@ from ..errors import InvalidInputError
 #: The environment variable naming the database when no URL is given (CLI, ``alembic``).
 DATABASE_URL_VARIABLE = "ADMISSION_PLANE_DATABASE_URL"
 DEFAULT_BUSY_TIMEOUT_MS = 5_000
+#: A PostgreSQL connection idle in the pool this long is pinged before it is lent out again.
+PING_AFTER_IDLE_S = 1.0
 SQLITE_BEGIN_OPTION = "sqlite_begin"
 #: How an SQLite transaction begins: a writer takes the write lock first, a reader does not.
 SQLITE_BEGIN = {"IMMEDIATE": "BEGIN IMMEDIATE", "DEFERRED": "BEGIN"}
@@ -106,8 +113,12 @@ def create_admission_engine(
         _install_sqlite_hooks(engine, busy_timeout_ms)
         return engine
     engine_options.setdefault("isolation_level", "READ COMMITTED")
-    engine_options.setdefault("pool_pre_ping", True)
-    return _create_engine(parsed, **engine_options)
+    connect_args = dict(engine_options.pop("connect_args", {}))
+    connect_args.setdefault("prepare_threshold", 0)
+    engine = _create_engine(parsed, connect_args=connect_args, **engine_options)
+    if not engine_options.get("pool_pre_ping"):
+        _install_idle_ping(engine)
+    return engine
 
 
 def _create_engine(url: URL, **options: Any) -> Engine:
@@ -137,6 +148,35 @@ def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:
     def _on_begin(connection: Any) -> None:
         mode = connection.get_execution_options().get(SQLITE_BEGIN_OPTION, "IMMEDIATE")
         connection.exec_driver_sql(SQLITE_BEGIN[mode])
+
+
+def _install_idle_ping(engine: Engine) -> None:
+    """Ping a pooled PostgreSQL connection at checkout only if it sat idle for :data:`PING_AFTER_IDLE_S`.
+
+    SQLAlchemy's ``pool_pre_ping`` costs a round trip (and psycopg's implicit ``BEGIN``, a
+    second one) on every checkout, that is on every unit of work. A connection that was
+    returned a moment ago is as alive as the pool can know without asking, so only one
+    that sat idle is asked; a dead one is replaced by the pool (``DisconnectionError``).
+    """
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_connection: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.get("idle_since")
+        if since is None or time.monotonic() - since < PING_AFTER_IDLE_S:
+            return
+        try:
+            autocommit = dbapi_connection.autocommit
+            dbapi_connection.autocommit = True
+            try:
+                dbapi_connection.execute("SELECT 1")
+            finally:
+                dbapi_connection.autocommit = autocommit
+        except engine.dialect.loaded_dbapi.Error as error:
+            raise DisconnectionError(f"pooled connection failed its ping: {error}") from error
 
 
 def deferred(connection: Connection) -> Connection:

@@ -97,15 +97,22 @@ class Scalar(Statement, Generic[V]):
 
 
 class Tx:
-    """The statements of one unit of work, executed on a DB-API connection's cursor."""
+    """The statements of one unit of work, executed on a DB-API connection's cursor.
 
-    __slots__ = ("_cursor", "dialect", "rings")
+    :meth:`send` runs a statement whose result nobody reads (today it simply executes; it
+    marks the statements a batching driver could send with the next round trip).
+    """
 
-    def __init__(self, dbapi_connection: DBAPIConnection, dialect: Dialect) -> None:
+    __slots__ = ("_cursor", "dialect", "rings", "shared")
+
+    def __init__(self, dbapi_connection: DBAPIConnection, dialect: Dialect, *, shared: bool = False) -> None:
         self.dialect = dialect
         self._cursor: DBAPICursor = dbapi_connection.cursor()
         #: What this transaction adds to the admission doorbell, announced once it commits.
         self.rings = Chimes()
+        #: Whether this unit may run beside other lease units (PostgreSQL's shared gate; see
+        #: :mod:`admission_plane.store.unit_of_work`): it must then lock what it relies on.
+        self.shared = shared
 
     def ring(self, bells: int) -> None:
         """Add ``bells`` (:class:`~admission_plane.store.doorbell.Bell` flags) once more to what
@@ -118,6 +125,12 @@ class Tx:
         """Open the transaction explicitly (SQLite: ``BEGIN`` or ``BEGIN IMMEDIATE``)."""
         self._cursor.execute(sql)
 
+    def command(self, sql: str) -> None:
+        """PostgreSQL: run constant, parameterless SQL text, several statements at once (``BEGIN;
+        SELECT pg_advisory_xact_lock(...)``), in one round trip of the simple query protocol."""
+        cursor: Any = self._cursor
+        cursor.execute(sql, prepare=False)
+
     def _run(self, statement: Statement, params: Mapping[str, Any] | None) -> DBAPICursor:
         sql, defaults = statement.compiled(self.dialect)
         if defaults:
@@ -125,6 +138,10 @@ class Tx:
         cursor = self._cursor
         cursor.execute(sql, params or {})
         return cursor
+
+    def send(self, statement: Statement, params: Mapping[str, Any] | None = None) -> None:
+        """Run a statement whose result is not read."""
+        self._run(statement, params)
 
     def execute(self, statement: Statement, params: Mapping[str, Any] | None = None) -> int:
         """Run a statement; return its row count."""
@@ -134,6 +151,11 @@ class Tx:
         """The first row as a record, or ``None``."""
         row = self._run(query, params).fetchone()
         return None if row is None else query.record.from_row(row)
+
+    def row(self, statement: Statement, params: Mapping[str, Any] | None = None) -> tuple[Any, ...] | None:
+        """The first row as a plain tuple, or ``None`` (for a statement of counts, not a record)."""
+        row = self._run(statement, params).fetchone()
+        return None if row is None else tuple(row)
 
     def all(self, query: Query[R], params: Mapping[str, Any] | None = None) -> list[R]:
         """Every row, as records."""

@@ -12,26 +12,62 @@ Why this is enough to serialise admission:
   of them; against other programs they wait on ``busy_timeout`` instead of failing
   half-way through.
 * PostgreSQL: there is no database-wide write lock, and ``READ COMMITTED`` lets two
-  hosts both count the same free seat. Every writing unit therefore first takes one
-  transaction-level advisory lock (:data:`ADVISORY_LOCK_KEY`), released at commit or
-  rollback. Writers are serialised exactly as on SQLite, and each statement after the
-  lock sees every transaction committed before it (READ COMMITTED takes a new snapshot
-  per statement), so the seat count, the selection and the reservation are consistent.
-  Read-only units take no lock. Serialization failures and deadlocks (40001, 40P01) are
-  retried a bounded number of times; every operation is safe to re-run from the start
-  because it reads all its state inside the transaction.
+  hosts both count the same free seat. Every writing unit therefore first takes the
+  transaction-level advisory lock :data:`ADVISORY_LOCK_KEY` (the *gate*), released at
+  commit or rollback, in one of two modes (:class:`Gate`):
+
+  - ``Gate.ADMISSION`` takes it **exclusively**: enqueue, admission (seat counting,
+    selection, reservation), cancel and time-out of queued requests, policy changes and
+    pauses, cooldowns set by hand, the reaper's queued-owner settlements: everything that
+    can raise a count admission reads, and everything that reads those counts to decide.
+    It is the default: a unit that does not say otherwise is serialised against every
+    other writer, exactly as before. Each statement after the lock sees every transaction
+    committed before it (READ COMMITTED takes a new snapshot per statement), and no other
+    writer is in flight, so the seat count, the selection and the reservation are
+    consistent.
+  - ``Gate.LEASE`` takes it **shared**: the fenced transitions of one existing lease
+    (starting, dispatch intent, active, heartbeat, suspicion, completion, abandonment,
+    recovery, the seat releases). Lease units run beside each other, so their commits
+    overlap and share WAL flushes (group commit), but never beside an admission unit: an
+    admission still sees a world no writer is changing. A lease unit locks the rows it
+    relies on itself: its first read is the lease row ``FOR UPDATE``, so two units of the
+    *same* lease (a heartbeat and a completion) run one after the other. What a lease
+    unit reads that another lease unit may change at the same time is covered beside each
+    operation (:mod:`admission_plane.service._lifecycle`): the start limit and interval
+    (:data:`START_LOCK_KEY`), and a soft drain's completion, which counts the seats
+    (:data:`DRAIN_LOCK_KEY`).
+
+  Lock order, so no two units wait for each other in a circle: the gate first (queued
+  before any other statement), then the lease row, then the start or drain lock, then
+  other rows. Serialization failures and deadlocks (40001, 40P01) are retried a bounded
+  number of times; every operation is safe to re-run from the start because it reads all
+  its state inside the transaction.
+
+  Round trips: the driver connection is used in autocommit mode and the unit opens its
+  transaction itself, ``BEGIN`` and the gate in one round trip (constant text, the simple
+  query protocol), and ends it with ``NOTIFY`` and ``COMMIT`` in one more; every other
+  statement is prepared on the server (``prepare_threshold=0``, :mod:`.engine`). psycopg's
+  own implicit ``BEGIN`` and the pool's pre-ping would each cost a round trip per unit.
+  (psycopg's pipeline mode, tried too, was slower here than these plain round trips.)
+  Read-only units take no lock and no transaction (autocommit; each READ COMMITTED
+  statement has its own snapshot anyway), unless they ask for the gate:
+  :func:`admission_plane.service._journal.read_page` takes it exclusively for an instant,
+  so that every event it returns was committed before any event it has not yet seen could
+  be (event sequence numbers of overlapping lease units are taken before their commits,
+  which may land in another order).
 """
 
 from __future__ import annotations
 
+import enum
 import fcntl
 import os
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from sqlalchemy import BigInteger, Engine, bindparam, func, literal, select
+from sqlalchemy import BigInteger, Engine, func, literal, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import PoolProxiedConnection
 
@@ -42,9 +78,16 @@ from .failures import CONNECTION_LOST, connection_lost, driver_message
 from .tx import Statement, Tx
 
 T = TypeVar("T")
+_IDLE = 0  # libpq's PQTRANS_IDLE: no transaction open on the connection
 
-#: ``pg_advisory_xact_lock`` key shared by every writer of one plane ("admissn" in ASCII).
+#: ``pg_advisory_xact_lock`` key of the gate every writer of one plane takes ("admissn" in ASCII).
 ADVISORY_LOCK_KEY = 0x61646D697373_6E
+#: Taken by ``mark_starting`` in a lease unit: shared when the start window already proves the
+#: start limit, exclusive when it must count starts or space them out ("admisss").
+START_LOCK_KEY = 0x61646D697373_73
+#: Taken exclusively by a lease unit that frees a seat while a soft drain is pending, before it
+#: counts the seats left ("admissd").
+DRAIN_LOCK_KEY = 0x61646D697373_64
 SQLITE_CONTENTION = frozenset(
     {
         "SQLITE_BUSY",
@@ -57,8 +100,26 @@ SQLITE_CONTENTION = frozenset(
 )
 POSTGRES_RETRYABLE = frozenset({"40001", "40P01"})
 DEFAULT_ATTEMPTS = 5
-_LOCK_STATEMENT = Statement(select(func.pg_advisory_xact_lock(literal(ADVISORY_LOCK_KEY, BigInteger))))
-_NOTIFY_STATEMENT = Statement(select(func.pg_notify(literal(CHANNEL), bindparam("bells"))))
+_BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT "
+_BEGIN_EXCLUSIVE = f"{_BEGIN}pg_advisory_xact_lock({ADVISORY_LOCK_KEY})"
+_BEGIN_SHARED = f"{_BEGIN}pg_advisory_xact_lock_shared({ADVISORY_LOCK_KEY})"
+
+
+def _lock(function: str, key: int) -> Statement:
+    return Statement(select(getattr(func, function)(literal(key, BigInteger))))
+
+
+#: The start lock, exclusive and shared, and the drain lock (see the constants above).
+START_LOCK = _lock("pg_advisory_xact_lock", START_LOCK_KEY)
+SHARED_START_LOCK = _lock("pg_advisory_xact_lock_shared", START_LOCK_KEY)
+DRAIN_LOCK = _lock("pg_advisory_xact_lock", DRAIN_LOCK_KEY)
+
+
+class Gate(enum.Enum):
+    """How a PostgreSQL unit takes the plane's advisory lock (see the module docstring)."""
+
+    ADMISSION = "exclusive: serialised against every other writer"
+    LEASE = "shared: beside other lease units, never beside an admission unit"
 
 
 class UnitOfWork:
@@ -67,13 +128,16 @@ class UnitOfWork:
     Every statement of an operation runs on the connection's cursor (see
     :mod:`admission_plane.store.tx`), so the transaction is driven on the driver connection
     too: SQLite gets an explicit ``BEGIN IMMEDIATE`` (``BEGIN`` when read-only), PostgreSQL
-    an implicit transaction whose first statement takes the advisory lock.
+    a pipelined ``BEGIN`` followed by the gate (:class:`Gate`), or, read-only without a
+    gate, no transaction at all.
     """
 
-    def __init__(self, engine: Engine, *, read_only: bool = False) -> None:
+    def __init__(self, engine: Engine, *, read_only: bool = False, gate: Gate | None = None) -> None:
         self._engine = engine
         self._read_only = read_only
+        self._gate_mode = gate if gate is not None or read_only else Gate.ADMISSION
         self._committed = False
+        self._open = False
         self.tx: Tx
         #: Whether the transaction ended because the database connection was lost (it was discarded).
         self.connection_lost = False
@@ -85,20 +149,42 @@ class UnitOfWork:
         # from just before ``BEGIN IMMEDIATE`` until the transaction has ended.
         connection = self._engine.raw_connection()
         try:
-            if dialect.name == "sqlite" and not self._read_only:
-                self._gate = _WriterGate.enter(self._engine)
-            tx = Tx(connection, dialect)
             if dialect.name == "sqlite":
+                if not self._read_only:
+                    self._gate = _WriterGate.enter(self._engine)
+                tx = Tx(connection, dialect)
                 tx.begin(SQLITE_BEGIN["DEFERRED" if self._read_only else "IMMEDIATE"])
-            elif not self._read_only:
-                tx.execute(_LOCK_STATEMENT)
+            else:
+                tx = self._begin_postgres(connection, dialect)
         except BaseException as error:
             self._leave_gate()
+            if dialect.name == "postgresql":
+                self._end_postgres(connection)
             self._release(connection, lost=connection_lost(dialect, error, connection.dbapi_connection))
             raise
         self._connection = connection
         self.tx = tx
         return self
+
+    def _begin_postgres(self, connection: PoolProxiedConnection, dialect: Any) -> Tx:
+        """Autocommit on the driver connection; a writing or gated unit opens its transaction with the gate."""
+        raw: Any = connection.dbapi_connection
+        raw.autocommit = True
+        if self._gate_mode is None:
+            return Tx(connection, dialect)  # read-only: each statement is its own snapshot anyway
+        tx = Tx(connection, dialect, shared=self._gate_mode is Gate.LEASE)
+        tx.command(_BEGIN_SHARED if self._gate_mode is Gate.LEASE else _BEGIN_EXCLUSIVE)
+        self._open = True
+        return tx
+
+    def _end_postgres(self, connection: PoolProxiedConnection) -> None:
+        """Roll back what is still open, and give the driver connection back as the pool lent it."""
+        raw: Any = connection.dbapi_connection
+        if raw is None or raw.closed:
+            return
+        if raw.pgconn.transaction_status != _IDLE:
+            raw.rollback()
+        raw.autocommit = False
 
     def _release(self, connection: PoolProxiedConnection, *, lost: bool) -> None:
         """Return ``connection`` to the pool, or discard it when it was ``lost``: the pool would try
@@ -116,9 +202,13 @@ class UnitOfWork:
 
     def commit(self) -> None:
         """Make the work durable (``synchronous=FULL`` on SQLite: durable on return)."""
-        if self.tx.rings and self._engine.dialect.name == "postgresql":
-            # Delivered by the server only if, and when, the transaction commits.
-            self.tx.execute(_NOTIFY_STATEMENT, {"bells": self.tx.rings.payload()})
+        if self._engine.dialect.name == "postgresql":
+            if self._open:
+                # NOTIFY is delivered by the server only if, and when, the transaction commits.
+                rings = self.tx.rings
+                self.tx.command(f"SELECT pg_notify('{CHANNEL}', '{rings.payload()}'); COMMIT" if rings else "COMMIT")
+            self._committed = True
+            return
         self._connection.commit()
         self._committed = True
         if self._gate is not None and self.tx.rings:
@@ -135,7 +225,9 @@ class UnitOfWork:
         try:
             if not lost:
                 self.tx.close()
-                if not self._committed:
+                if dialect.name == "postgresql":
+                    self._end_postgres(self._connection)
+                elif not self._committed:
                     self._connection.rollback()
         except dialect.loaded_dbapi.Error as error:
             # The rollback failed: if the connection died, the error that found it out is the news.
@@ -209,11 +301,14 @@ def run(
     work: Callable[[Tx], T],
     *,
     read_only: bool = False,
+    gate: Gate | None = None,
     attempts: int = DEFAULT_ATTEMPTS,
 ) -> T:
     """Run ``work`` in one unit of work and commit; translate driver errors.
 
-    Domain errors raised by ``work`` propagate unchanged (after rollback). PostgreSQL
+    ``gate`` says how a PostgreSQL unit takes the plane's advisory lock (:class:`Gate`;
+    default: exclusively when writing, not at all when ``read_only``). Domain errors
+    raised by ``work`` propagate unchanged (after rollback). PostgreSQL
     serialization failures and deadlocks are retried up to ``attempts`` times; lock
     contention that outlasts the retries becomes :class:`AdmissionBusyError`, any
     other driver error :class:`AdmissionDatabaseError`; when the connection was lost
@@ -223,7 +318,7 @@ def run(
     """
     driver_error = engine.dialect.loaded_dbapi.Error
     for attempt in range(attempts):
-        uow = UnitOfWork(engine, read_only=read_only)
+        uow = UnitOfWork(engine, read_only=read_only, gate=gate)
         try:
             with uow:
                 result = work(uow.tx)

@@ -2,28 +2,45 @@
 
 from __future__ import annotations
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import BigInteger, delete, func, insert, literal, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from ...states import STARTING_PHASES
+from ...states import START_WINDOW_PHASES, STARTING_PHASES
 from ..model import Cooldown, Lease, StartHistory
 from ..rows import LeaseRow
 from ..tx import Query, Scalar, Statement
+from ..unit_of_work import START_LOCK_KEY
 from ._build import P, fenced, one_of
 
 L, C, SH = Lease, Cooldown, StartHistory
 
-SELECT_LEASE = Query(
-    select(L.lease_id, L.request_id, L.generation, L.owner_instance_id, L.phase).where(L.lease_id == P("lease_id")),
-    LeaseRow,
-)
+_lease = select(L.lease_id, L.request_id, L.generation, L.owner_instance_id, L.phase).where(L.lease_id == P("lease_id"))
+SELECT_LEASE = Query(_lease, LeaseRow)
+#: The lease, row-locked until the transaction ends (a lease unit's first read; SQLite: plain,
+#: its write lock already covers the whole database).
+SELECT_LEASE_FOR_UPDATE = Query(_lease.with_for_update(), LeaseRow)
 HEARTBEAT = Statement(fenced(update(L)).values(heartbeat_at=P("now"), suspect_since=None, suspect_reason=None))
 MARK_SUSPECT = Statement(
     fenced(update(L)).values(suspect_since=func.coalesce(L.suspect_since, P("now")), suspect_reason=P("reason"))
 )
 
 COUNT_STARTING_LEASES: Scalar[int] = Scalar(select(func.count()).select_from(L).where(one_of(L.phase, STARTING_PHASES)))
-DELETE_OLD_STARTS = Statement(delete(SH).where(SH.started_at < P("cutoff")))
+#: PostgreSQL, in a lease unit: the leases in the start window, counted while taking the start
+#: lock shared (see ``service._lifecycle.mark_starting``).
+COUNT_START_WINDOW_SHARING_STARTS: Scalar[int] = Scalar(
+    select(func.count(), func.pg_advisory_xact_lock_shared(literal(START_LOCK_KEY, BigInteger)))
+    .select_from(L)
+    .where(one_of(L.phase, START_WINDOW_PHASES))
+)
+_old_starts = SH.started_at < P("cutoff")
+#: Forget starts older than the interval. PostgreSQL skips rows another starter is deleting
+#: (they are gone when it commits; no two starters wait for each other over them).
+DELETE_OLD_STARTS = Statement(
+    delete(SH).where(_old_starts),
+    postgresql=delete(SH).where(
+        SH.lease_id.in_(select(SH.lease_id).where(_old_starts).with_for_update(skip_locked=True))
+    ),
+)
 LATEST_START: Scalar[int] = Scalar(select(SH.started_at).order_by(SH.started_at.desc()).limit(1))
 INSERT_START = Statement(insert(SH).values(lease_id=P("lease_id"), started_at=P("now")))
 

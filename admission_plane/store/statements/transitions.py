@@ -7,9 +7,13 @@ owner instance and generation.
 
 from __future__ import annotations
 
-from sqlalchemy import delete, insert, update
+import functools
+from typing import Any
 
-from ..model import Lease, TurnPayload, TurnRequest
+from sqlalchemy import delete, func, insert, select, update
+
+from ...states import LeaseEffect
+from ..model import Lease, PolicyState, TurnPayload, TurnRequest
 from ..tx import Statement
 from ._build import P, fenced
 
@@ -38,11 +42,52 @@ END_QUEUED_REQUEST = Statement(
     .where(R.request_id == P("request_id"), R.state == P("source"))
     .values(state=P("target"), terminal_at=P("now"))
 )
-SET_LEASE_PHASE = Statement(
+SET_LEASE_PHASE_CONSTRUCT = (
     fenced(update(L)).where(L.phase == P("source")).values(phase=P("target"), heartbeat_at=P("now"))
 )
-DELETE_LEASE = Statement(fenced(delete(L)).where(L.phase == P("phase")))
+SET_LEASE_PHASE = Statement(SET_LEASE_PHASE_CONSTRUCT)
+DELETE_LEASE_CONSTRUCT = fenced(delete(L)).where(L.phase == P("phase"))
+DELETE_LEASE = Statement(DELETE_LEASE_CONSTRUCT)
 _leased_request = (R.request_id == P("request_id"), R.state == P("source"), R.lease_generation == P("generation"))
-SET_REQUEST_STATE = Statement(update(R).where(*_leased_request).values(state=P("target")))
-END_LEASED_REQUEST = Statement(update(R).where(*_leased_request).values(state=P("target"), terminal_at=P("now")))
-DELETE_PAYLOAD = Statement(delete(TurnPayload).where(TurnPayload.request_id == P("request_id")))
+SET_REQUEST_STATE_CONSTRUCT = update(R).where(*_leased_request).values(state=P("target"))
+SET_REQUEST_STATE = Statement(SET_REQUEST_STATE_CONSTRUCT)
+END_LEASED_REQUEST_CONSTRUCT = update(R).where(*_leased_request).values(state=P("target"), terminal_at=P("now"))
+END_LEASED_REQUEST = Statement(END_LEASED_REQUEST_CONSTRUCT)
+DELETE_PAYLOAD_CONSTRUCT = delete(TurnPayload).where(TurnPayload.request_id == P("request_id"))
+DELETE_PAYLOAD = Statement(DELETE_PAYLOAD_CONSTRUCT)
+
+
+# --- PostgreSQL: one statement per lease edge -----------------------------------------------------
+#
+# On PostgreSQL the statements of one lease edge (the lease's update or delete, the request's
+# update, the payload's delete) run as one statement of data-modifying CTEs, which answers
+# how many rows each part changed (and, where the edge frees a seat, the drain state the
+# caller needs next): one round trip instead of three or four. Every part sees the same
+# snapshot and changes a different table, so the parts do not see each other's changes and
+# need not. SQLite keeps the separate statements above.
+
+
+def _count(cte: Any) -> Any:
+    return select(func.count()).select_from(cte).scalar_subquery()
+
+
+@functools.cache
+def combined_edge(effect: LeaseEffect, terminal: bool, payload: bool) -> Statement:
+    """The PostgreSQL statement of a lease edge: ``SELECT`` of the changed leases, requests,
+    deleted payloads (when ``payload``) and, when the lease is deleted, the policy's drain state."""
+    if effect is LeaseEffect.MOVE:
+        lease: Any = SET_LEASE_PHASE_CONSTRUCT
+    elif effect is LeaseEffect.DELETE:
+        lease = DELETE_LEASE_CONSTRUCT
+    else:
+        raise ValueError(f"no combined statement for {effect}")
+    request = END_LEASED_REQUEST_CONSTRUCT if terminal else SET_REQUEST_STATE_CONSTRUCT
+    leases = lease.returning(L.lease_id).cte("changed_lease")
+    requests = request.returning(R.request_id).cte("changed_request")
+    columns = [_count(leases).label("leases"), _count(requests).label("requests")]
+    if payload:
+        payloads = DELETE_PAYLOAD_CONSTRUCT.returning(TurnPayload.request_id).cte("deleted_payload")
+        columns.append(_count(payloads).label("payloads"))
+    if effect is LeaseEffect.DELETE:
+        columns.append(select(PolicyState.drain_state).limit(1).scalar_subquery().label("drain_state"))
+    return Statement(select(*columns))

@@ -1,0 +1,51 @@
+"""On PostgreSQL a waiting connector blocks on the listening doorbell and wakes at the ring itself."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from planes import CONTENT_KEY, ENCRYPTION_KEY, enqueue
+
+from admission_plane import AdmissionPlane, Policy, wall_clock_ms
+from admission_plane.migrate import upgrade
+
+
+def test_a_postgres_waiter_is_admitted_at_the_ring_not_at_its_next_poll(postgres_url: str) -> None:
+    """With 60 s between polls and a 60 s fallback, a waiter is admitted as soon as the seat it waits for is freed."""
+    upgrade(postgres_url)
+    keys: dict[str, Any] = {"encryption_key": ENCRYPTION_KEY, "content_fingerprint_key": CONTENT_KEY}
+    holder = AdmissionPlane(postgres_url, policy=Policy(1, 1, 0, 1_800_000, 30_000), **keys)
+    waiter = AdmissionPlane(postgres_url, policy=Policy(1, 1, 0, 1_800_000, 30_000), **keys)
+    try:
+        now = wall_clock_ms()
+        enqueue(holder, "held", agent_id="agent-a", now=now, expires_at=now + 3_600_000)
+        enqueue(holder, "waiting", agent_id="agent-b", now=now + 1, expires_at=now + 3_600_000)
+        lease = holder.admit_next(now + 2, holder.owner_identity.owner_instance_id)
+        assert lease is not None
+        assert lease.request_id == "held"
+        result: dict[str, Any] = {}
+        looked = threading.Event()
+
+        def wait() -> None:
+            result["lease"] = waiter.wait_for_admission(
+                "waiting",
+                waiter.owner_identity.owner_instance_id,
+                timeout_ms=120_000,
+                initial_delay_ms=60_000,
+                max_delay_ms=60_000,
+                on_wait=lambda _now: looked.set(),
+                fallback_ms=60_000,
+            )
+
+        thread = threading.Thread(target=wait, daemon=True)
+        thread.start()
+        assert looked.wait(30), "the waiter looked once and found the seat taken"
+        holder.abandon_before_prompt(lease, wall_clock_ms(), "cancelled")
+        thread.join(30)  # far less than one poll step: only the ring can have woken it
+        assert not thread.is_alive()
+        assert result["lease"] is not None
+        assert result["lease"].request_id == "waiting"
+    finally:
+        holder.close()
+        waiter.close()
