@@ -35,13 +35,15 @@ if TYPE_CHECKING:
         ProcessUnverifiableError,
         RecoverableDispatchInventoryError,
         SchemaIntegrityError,
+        SessionLimitError,
         UnknownLeaseError,
         UnknownRequestError,
     )
     from .evidence import ConnectorIdentity, GroupResidue, Observation, ProcessIdentity
     from .plane import AdmissionPlane
-    from .policy import Policy
+    from .policy import KeyLimit, Lane, Policy
     from .service import AdmissionService, FaultInjection
+    from .signals import RetryAfter, retry_after_from_headers
     from .states import EventKind, FailureCategory, PromptChannel, RequestState, SuspectReason
     from .turns import Backoff, DispatchRefusedError, Turn, TurnNotAdmittedError, run_turn, spawn_child, turn
     from .values import (
@@ -54,6 +56,8 @@ if TYPE_CHECKING:
         LeaseHolder,
         LiveTurnCompletion,
         LiveTurnFailure,
+        Pause,
+        PolicyRevision,
         QueueSnapshot,
         ReaperSummary,
         RecoverableDispatch,
@@ -86,6 +90,7 @@ _HOMES: dict[str, str] = {
             "ProcessUnverifiableError",
             "RecoverableDispatchInventoryError",
             "SchemaIntegrityError",
+            "SessionLimitError",
             "UnknownLeaseError",
             "UnknownRequestError",
         ),
@@ -107,6 +112,8 @@ _HOMES: dict[str, str] = {
             "LeaseHolder",
             "LiveTurnCompletion",
             "LiveTurnFailure",
+            "Pause",
+            "PolicyRevision",
             "QueueSnapshot",
             "ReaperSummary",
             "RecoverableDispatch",
@@ -121,7 +128,11 @@ _HOMES: dict[str, str] = {
     "AdmissionPlane": "plane",
     "AdmissionService": "service",
     "FaultInjection": "service",
+    "KeyLimit": "policy",
+    "Lane": "policy",
     "Policy": "policy",
+    "RetryAfter": "signals",
+    "retry_after_from_headers": "signals",
     "wall_clock_ms": "clock",
 }
 
@@ -148,6 +159,8 @@ __all__ = [
     "FaultInjection",
     "GroupResidue",
     "InvalidInputError",
+    "KeyLimit",
+    "Lane",
     "LeaseFence",
     "LeaseFenceError",
     "LeaseHolder",
@@ -155,10 +168,12 @@ __all__ = [
     "LiveTurnFailure",
     "MissingKeyError",
     "Observation",
+    "Pause",
     "PayloadConflictError",
     "PayloadExpiredError",
     "PayloadIntegrityError",
     "Policy",
+    "PolicyRevision",
     "ProcessEvidenceError",
     "ProcessGoneError",
     "ProcessIdentity",
@@ -172,14 +187,17 @@ __all__ = [
     "RecoveryInventory",
     "ReleasedLease",
     "RequestState",
+    "RetryAfter",
     "SanitizedEvent",
     "SchemaIntegrityError",
+    "SessionLimitError",
     "StoredRequest",
     "SuspectReason",
     "Turn",
     "TurnNotAdmittedError",
     "UnknownLeaseError",
     "UnknownRequestError",
+    "retry_after_from_headers",
     "run_turn",
     "spawn_child",
     "turn",

@@ -28,6 +28,7 @@ __all__ = [
     "ProcessUnverifiableError",
     "RecoverableDispatchInventoryError",
     "SchemaIntegrityError",
+    "SessionLimitError",
     "UnknownLeaseError",
     "UnknownRequestError",
 ]
@@ -86,6 +87,14 @@ class AdmissionConflictError(AdmissionError):
 
     def __init__(self) -> None:
         super().__init__("request identity was reused with different immutable metadata")
+
+
+class SessionLimitError(AdmissionError):
+    """Enqueue refused: the session already has as many turns queued or in flight as the
+    policy's ``max_turns_per_session`` allows (with ``session_overflow="refuse"``)."""
+
+    def __init__(self) -> None:
+        super().__init__("session already has the most turns the admission policy allows")
 
 
 class PayloadExpiredError(AdmissionError):

@@ -55,6 +55,10 @@ class EventKind(StrEnum):
     LEASE_OWNER_DEAD = "lease_owner_dead"
     OPERATOR_SEAT_RELEASED = "operator_seat_released"
     RECOVERY_ROW_RETAINED = "recovery_row_retained"
+    # Policy v2 (they name a scope's kind, never a lane, provider or model):
+    POLICY_REVISED = "policy_revised"
+    ADMISSION_PAUSED = "admission_paused"
+    ADMISSION_RESUMED = "admission_resumed"
 
 
 class DrainState(StrEnum):
@@ -77,6 +81,9 @@ POLICY_EVENT_ID = "policy-state"
 UNTRUSTED, RETAINED = "untrusted", "retained"
 #: The correlation input of those events: never the row's own ids, which are exactly what cannot be trusted.
 RECOVERY_ROW_EVENT_ID = "recovery-inventory"
+#: The journal's states of pause and resume: admission runs, or one kind of scope is paused.
+ADMITTING = "admitting"
+PAUSE_STATES = {"all": "paused_all", "lane": "paused_lane", "key": "paused_key"}
 
 
 class LeaseEffect(enum.Enum):
@@ -174,6 +181,15 @@ TRANSITIONS: tuple[Transition, ...] = (
     *_edges(K.OPERATOR_SEAT_RELEASED, [*_STARTED, S.RECOVERY_REQUIRED], [S.RECOVERY_REQUIRED], L.DELETE, C.SEAT),
     # A recovery row the reaper could not trust: reported, changed in no way.
     *_edges(K.RECOVERY_ROW_RETAINED, [UNTRUSTED], [RETAINED], L.NONE),
+    # Policy v2: a live policy revision (it ends a soft drain in progress), pause and resume.
+    *_edges(
+        K.POLICY_REVISED,
+        [DrainState.STEADY.journal_token, DrainState.SOFT_DRAINING_TO_1.journal_token],
+        [DrainState.STEADY.journal_token],
+        L.NONE,
+    ),
+    *_edges(K.ADMISSION_PAUSED, [ADMITTING], PAUSE_STATES.values(), L.NONE),
+    *_edges(K.ADMISSION_RESUMED, PAUSE_STATES.values(), [ADMITTING], L.NONE),
 )
 
 _BY_EDGE: dict[tuple[str, str, str], Transition] = {(t.event, t.source, t.target): t for t in TRANSITIONS}
@@ -307,6 +323,7 @@ __all__ = [
     "ABANDONABLE_PHASES",
     "ABANDON_OUTCOMES",
     "ABSENT",
+    "ADMITTING",
     "BEFORE_DISPATCH_PHASES",
     "EVENT_STATES",
     "EVENT_TRANSITIONS",
@@ -315,6 +332,7 @@ __all__ = [
     "OPERATOR_RELEASE_OUTCOMES",
     "OWNER_DEATH_OUTCOME",
     "OWNER_DEATH_PHASES",
+    "PAUSE_STATES",
     "PAYLOAD_DELETED_STATES",
     "POLICY_EVENT_ID",
     "RECOVERY_ROW_EVENT_ID",

@@ -10,6 +10,8 @@ import attrs
 
 from . import _validate as v
 from .errors import InvalidInputError
+from .policy import Policy
+from .signals import RetryAfter
 from .states import ABANDON_OUTCOMES, LIVE_OUTCOMES, FailureCategory, PromptChannel, RequestState
 
 if TYPE_CHECKING:
@@ -64,6 +66,11 @@ def _http_status(instance: object, attribute: attrs.Attribute[int | None], value
 def _signal(instance: object, attribute: attrs.Attribute[str | None], value: object) -> None:
     if value is not None:
         v.identifier(value, "live turn failure signal")
+
+
+def _retry_after(instance: object, attribute: attrs.Attribute[RetryAfter | None], value: object) -> None:
+    if value is not None and not isinstance(value, RetryAfter):
+        raise InvalidInputError("live turn failure retry_after must be an admission_plane.RetryAfter")
 
 
 @attrs.frozen
@@ -174,12 +181,18 @@ class DispatchIntentResult:
 
 @attrs.frozen
 class LiveTurnFailure:
-    """Why a live turn failed (``provider_capacity`` starts a cooldown of its provider/model)."""
+    """Why a live turn failed (``provider_capacity`` starts a cooldown of its provider/model).
+
+    ``retry_after`` is the provider's own answer (:mod:`admission_plane.signals`): a
+    ``provider_capacity`` failure then cools down until then, capped by the policy's
+    ``max_cooldown_ms``, instead of for the policy's fixed ``capacity_cooldown_ms``.
+    """
 
     category: FailureCategory = attrs.field(converter=_failure_category)
     http_status: int | None = attrs.field(default=None, validator=_http_status)
     code: str | None = attrs.field(default=None, validator=_signal)
     reason: str | None = attrs.field(default=None, validator=_signal)
+    retry_after: RetryAfter | None = attrs.field(default=None, validator=_retry_after)
 
 
 @attrs.frozen
@@ -310,3 +323,30 @@ class ReleasedLease:
 
     phase: RequestState
     outcome: RequestState
+
+
+@attrs.frozen
+class PolicyRevision:
+    """A live policy revision: its number (0: the claimed seed-shaped policy, never revised), when
+    it was set (ms) and the policy it holds."""
+
+    revision: int
+    created_at: int
+    policy: Policy
+
+
+@attrs.frozen
+class Pause:
+    """A paused part of the plane: everything (all ``None``), a ``lane``, or a ``provider``/``model`` key."""
+
+    lane: str | None
+    provider: str | None
+    model: str | None
+    since: int
+
+    @property
+    def scope(self) -> str:
+        """``"all"``, ``"lane"`` or ``"key"``."""
+        if self.lane is not None:
+            return "lane"
+        return "all" if self.provider is None else "key"

@@ -24,8 +24,18 @@ import attrs
 from sqlalchemy.dialects import sqlite
 
 from admission_plane.evidence import ConnectorIdentity, ProcessIdentity
+from admission_plane.states import START_WINDOW_PHASES
 from admission_plane.store.rows import IdentityRow
-from admission_plane.store.statements import admission, dispatch, journal, leases, policy, requests, transitions
+from admission_plane.store.statements import (
+    admission,
+    dispatch,
+    journal,
+    leases,
+    policy,
+    queue,
+    requests,
+    transitions,
+)
 from admission_plane.store.tx import Statement
 
 _DIALECT = sqlite.dialect()
@@ -149,8 +159,9 @@ class FloorConnector:
     # --- the six transactions ------------------------------------------------------------------------
 
     def enqueue(self, request_id: str, agent_id: str, now: int) -> None:
-        """``enqueue_with_payload`` of a new request."""
+        """``enqueue_with_payload`` of a new request: the request, its owner, its payload, its index entry."""
         self._begin()
+        assert self._one(policy.SELECT_POLICY) is None
         assert self._one(requests.SELECT_REQUEST_META, {"request_id": request_id}) is None
         self._execute(
             requests.INSERT_REQUEST,
@@ -161,6 +172,7 @@ class FloorConnector:
                 "fingerprint": "fp-1",
                 "provider": "antigravity",
                 "model": "model-bench",
+                "lane": "default",
                 "now": now,
                 "deadline_at": now + 1_800_000,
             },
@@ -189,24 +201,85 @@ class FloorConnector:
                 "now": now,
             },
         )
+        lane, provider, model, agent, session, enqueued_at = self._one(
+            requests.SELECT_ENTRY_OF_REQUEST, {"request_id": request_id}
+        )
+        entry = {
+            "request_id": request_id,
+            "lane": lane,
+            "provider": provider,
+            "model": model,
+            "agent_id": agent,
+            "session_id": session,
+            "enqueued_at": enqueued_at,
+        }
+        self._execute(queue.INSERT_ENTRY, entry)
+        for lower in (queue.LOWER_SESSION_HEAD, queue.LOWER_AGENT_HEAD, queue.LOWER_KEY_HEAD):
+            if self._execute(lower, entry) == 0:
+                break
         self._commit()
 
-    def _capacity_and_candidate(self, now: int) -> Any:
+    def _choose(self, now: int) -> tuple[str, int]:
+        """The admission rule's friendly case: capacity, then the first idle agent's head in the only key.
+
+        What the rule reads (``service._selection``): the policy, the seat-holding leases,
+        the active cooldowns and the pauses; the start interval; the lanes' keys; a page of
+        the key's agents in head order; the chosen request.
+        """
         assert self._one(policy.SELECT_POLICY) is None
-        assert self._scalar(admission.COUNT_SEAT_LEASES) < 8
-        assert self._scalar(admission.COUNT_START_WINDOW_LEASES) < 8
-        cutoff = {"cutoff": now}
-        assert self._one(admission.RECENT_START, cutoff) is None
-        assert self._one(admission.RECENT_RESERVATION, cutoff) is None
-        return self._one(admission.SELECT_CANDIDATE_IDLE_AGENT, {"now": now}) or self._one(
-            admission.SELECT_CANDIDATE_ANY, {"now": now}
-        )
+        seats = self._run(queue.SELECT_SEATS).fetchall()
+        assert len(seats) < 8
+        busy_agents = {seat[4] for seat in seats}
+        reserved = [seat[1] for seat in seats if seat[0] in START_WINDOW_PHASES]
+        assert len(reserved) < 8
+        assert self._run(queue.SELECT_ACTIVE_COOLDOWNS, {"now": now}).fetchall() == []
+        assert self._run(queue.SELECT_PAUSES).fetchall() == []
+        assert max(reserved, default=now) <= now  # no reservation within the (zero) start interval
+        assert self._one(admission.RECENT_START, {"cutoff": now}) is None
+        ((lane, provider, model, _, _),) = self._run(queue.SELECT_KEYS).fetchall()
+        page = self._run(
+            queue.AGENT_PAGE,
+            {
+                "lane": lane,
+                "provider": provider,
+                "model": model,
+                "after_enqueued_at": -1,
+                "after_request_id": "",
+                "page": 8,
+            },
+        ).fetchall()
+        request_id = next(head for agent, _, head in page if agent not in busy_agents)
+        candidate = self._one(admission.SELECT_CANDIDATE, {"request_id": request_id})
+        assert candidate is not None
+        return candidate[0], candidate[1]
+
+    def _unindex(self, request_id: str) -> None:
+        """Take the admitted request out of the admission index (``service._queue_index.remove``)."""
+        lane, provider, model, agent, session, _ = self._one(queue.SELECT_ENTRY, {"request_id": request_id})
+        self._execute(queue.DELETE_ENTRY, {"request_id": request_id})
+        group = {
+            "lane": lane,
+            "provider": provider,
+            "model": model,
+            "agent_id": agent,
+            "session_id": session,
+            "departed": request_id,
+        }
+        for drop, move in (
+            (queue.DROP_SESSION, queue.MOVE_SESSION_HEAD),
+            (queue.DROP_AGENT, queue.MOVE_AGENT_HEAD),
+            (queue.DROP_KEY, queue.MOVE_KEY_HEAD),
+        ):
+            # An emptied group goes (and its parent's head was the request too); else its head moves
+            # on; a group whose head was another request stops the walk.
+            if self._execute(drop, group) == 0 and self._execute(move, group) == 0:
+                return
 
     def admit_next(self, now: int) -> tuple[str, str, int]:
         """``admit_next``: the admission in one writing transaction: (lease, request, generation)."""
         self._begin()
         assert self._run(admission.SELECT_EXPIRED, {"now": now}).fetchall() == []
-        request_id, previous_generation = self._capacity_and_candidate(now)
+        request_id, previous_generation = self._choose(now)
         generation = previous_generation + 1
         lease_id = str(uuid.uuid4())
         params = {
@@ -221,6 +294,7 @@ class FloorConnector:
         assert self._execute(transitions.RESERVE_REQUEST, params) == 1
         self._execute(transitions.INSERT_LEASE, params)
         self._journal("request_admitted", "queued", "admitted", now)
+        self._unindex(request_id)
         self._commit()
         return lease_id, request_id, generation
 
@@ -251,10 +325,10 @@ class FloorConnector:
         self._begin()
         lease = self._lease(lease_id, generation)
         assert lease[4] == "admitted"
+        assert self._one(policy.SELECT_POLICY) is None
         assert self._scalar(leases.COUNT_STARTING_LEASES) < 8
         self._execute(leases.DELETE_OLD_STARTS, {"cutoff": now})
-        latest = self._scalar(leases.LATEST_START)
-        assert latest is None or now >= latest
+        # No minimum interval: there is nothing to space out, so the latest start is not read.
         self._execute(leases.INSERT_START, {"lease_id": lease_id, "now": now})
         self._move(lease, "starting", "request_starting", now)
         self._commit()
@@ -287,8 +361,7 @@ class FloorConnector:
         self._begin()
         lease = self._lease(lease_id, generation)
         assert lease[4] == "active"
-        request_id = lease[1]
-        assert self._one(requests.SELECT_REQUEST_META, {"request_id": request_id}) is not None
+        request_id = lease[1]  # not a capacity failure: the request's provider and model are not read
         request = {"request_id": request_id, "generation": generation, "now": now}
         assert (
             self._execute(transitions.SET_REQUEST_STATE, {**request, "source": "active", "target": "provider_terminal"})

@@ -164,6 +164,31 @@ def migrated(path: Path) -> Path:
     return path
 
 
+def empty_postgres(url: str) -> None:
+    """Empty every admission table of the PostgreSQL database at ``url`` (all but the migration ledgers)."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.pool import NullPool
+
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.begin() as connection:
+            names = (
+                connection.execute(
+                    text(
+                        "SELECT table_name FROM information_schema.tables"
+                        " WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'"
+                    )
+                )
+                .scalars()
+                .all()
+            )
+            tables = ", ".join(f'"{name}"' for name in sorted(set(names) - PG_KEPT_TABLES))
+            if tables:
+                connection.execute(text(f"TRUNCATE TABLE {tables} RESTART IDENTITY CASCADE"))
+    finally:
+        engine.dispose()
+
+
 def summary(samples: Iterable[float]) -> dict[str, float]:
     """Median, mean, min and count of durations in seconds."""
     values = list(samples)
@@ -282,20 +307,31 @@ _SEAT_FREED = {EventKind.REQUEST_RELEASED, EventKind.REQUEST_ABANDONED, EventKin
 
 
 def journal_peaks(target: str | os.PathLike[str]) -> dict[str, int]:
-    """Replay the journal in commit order: the most seat-holding and the most ``active`` leases at once.
+    """Replay the journal: the most seat-holding leases at once (exact) and at most how many were ``active``.
 
-    Every write transaction is serialised (SQLite's write lock; on PostgreSQL the plane's
-    transaction-level advisory lock, taken before any statement of a writing unit), so the
-    journal's ``event_seq`` follows commit order and the running counts are the exact
-    numbers any committed state ever held.
+    SQLite serialises every writer, so ``event_seq`` is commit order and both figures are
+    exact. On PostgreSQL, lease units (starting ... completion) commit side by side and may
+    commit in another order than their ``event_seq`` (see
+    ``admission_plane.store.unit_of_work``); the replay stays in ``event_seq`` order, which
+    is provably right for seats: a seat is taken only by ``request_admitted``, written by an
+    admission unit that runs alone, so it sits exactly where it committed, and every event
+    between two admissions only frees seats, so the count after each admission is exact and
+    nothing between two admissions can exceed it. ``active`` is raised by lease units, so its
+    peak is bounded from above instead: within each run of events between two admissions,
+    every activation is counted before any departure. That bound never exceeds the seats
+    held after the admission that opens the run, so ``max_active <= seats`` stays a sound check.
     """
     rows = _rows(target, "SELECT kind, from_state, to_state FROM events ORDER BY event_seq")
     seats = active = max_seats = max_active = 0
+    rises = falls = 0  # activations and departures from ``active`` since the last admission
     for kind, from_state, to_state in rows:
         if kind in _SEAT_TAKEN:
+            active += rises - falls
+            rises = falls = 0
             seats += 1
         elif kind in _SEAT_FREED:
             seats -= 1
-        active += (to_state == RequestState.ACTIVE) - (from_state == RequestState.ACTIVE)
-        max_seats, max_active = max(max_seats, seats), max(max_active, active)
+        rises += to_state == RequestState.ACTIVE
+        falls += from_state == RequestState.ACTIVE
+        max_seats, max_active = max(max_seats, seats), max(max_active, active + rises)
     return {"max_seats": max_seats, "max_active": max_active, "final_seats": seats}

@@ -34,11 +34,11 @@ from ._support import (
     DEFAULT_POSTGRES_ADMIN_URL,
     ORIGINAL_TURNS_PER_S_DISK,
     ORIGINAL_TURNS_PER_S_TMPFS,
-    PG_KEPT_TABLES,
     POSTGRES_URL_VARIABLE,
     QUICK,
     RESULTS,
     TRANSACTIONS_PER_TURN,
+    empty_postgres,
     results_dir,
 )
 
@@ -147,30 +147,10 @@ def postgres_database() -> Iterator[_PostgresDatabase]:
 @pytest.fixture
 def postgres_url(postgres_database: _PostgresDatabase) -> str:
     """URL of the session's PostgreSQL database with every admission table emptied; skips without a server."""
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.pool import NullPool
-
     if postgres_database.url is None:
         pytest.skip(postgres_database.unavailable or "PostgreSQL is unavailable")
     url = postgres_database.url
-    engine = create_engine(url, poolclass=NullPool)
-    try:
-        with engine.begin() as connection:
-            names = (
-                connection.execute(
-                    text(
-                        "SELECT table_name FROM information_schema.tables"
-                        " WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'"
-                    )
-                )
-                .scalars()
-                .all()
-            )
-            tables = ", ".join(f'"{name}"' for name in sorted(set(names) - PG_KEPT_TABLES))
-            if tables:
-                connection.execute(text(f"TRUNCATE TABLE {tables} RESTART IDENTITY CASCADE"))
-    finally:
-        engine.dispose()
+    empty_postgres(url)
     return url
 
 
@@ -204,6 +184,35 @@ def _contention_totals(key: str) -> tuple[int | None, int | None, int | None]:
     )
 
 
+def adversarial_ratios() -> dict[str, dict[str, dict[str, dict[str, float | None]]]]:
+    """Per dialect, shape and operation: the fastest round at each depth over the fastest at D = 100."""
+    table: dict[str, dict[str, dict[str, dict[str, float | None]]]] = {}
+    for dialect, shapes in RESULTS.get("depth_adversarial", {}).items():
+        for shape, operations in shapes.items():
+            for operation, depths in operations.items():
+                base = depths.get("100", {}).get("min_us")
+                table.setdefault(dialect, {}).setdefault(shape, {})[operation] = {
+                    f"{depth}_vs_100": _ratio(figures["min_us"], base)
+                    for depth, figures in depths.items()
+                    if depth != "100"
+                }
+    return table
+
+
+def _adversarial_worst(dialect: str, depth: int) -> float | None:
+    """The largest D/100 ratio over the issue's shapes (not the probes) and both operations."""
+    probes = set(RESULTS.get("depth_adversarial_probes", []))
+    values = [
+        ratio
+        for shape, operations in adversarial_ratios().get(dialect, {}).items()
+        if shape not in probes
+        for ratios in operations.values()
+        for key, ratio in ratios.items()
+        if key == f"{depth}_vs_100" and ratio is not None
+    ]
+    return max(values) if values else None
+
+
 def compute_ratios() -> dict[str, Any]:
     """The issue's targets, each as a ratio of figures measured in this session."""
     ours_disk = _get("lifecycle.disk.turns_per_s_median")
@@ -223,6 +232,12 @@ def compute_ratios() -> dict[str, Any]:
             "value": _ratio(_get("depth.admit_next.10000.min_us"), _get("depth.admit_next.100.min_us")),
             "target": "<= 2.00",
         },
+        # Issue #13: for every adversarial queue shape, both operations (the worst of them).
+        "depth_adversarial_10000_vs_100_worst": {"value": _adversarial_worst("sqlite", 10_000), "target": "<= 2.00"},
+        "depth_adversarial_pg_10000_vs_100_worst": {
+            "value": _adversarial_worst("postgresql", 10_000),
+            "target": "<= 2.00",
+        },
         "contention_P8_vs_P1": {"value": _ratio(p8, p1), "target": ">= 0.80"},
         "contention_raw_sqlite_errors": {"value": raw_errors, "target": "== 0"},
         "contention_transaction_faults": {"value": faults, "target": "== 0"},
@@ -236,6 +251,8 @@ def compute_ratios() -> dict[str, Any]:
         "lifecycle_disk_vs_floor": lambda x: x >= 0.60,
         "lifecycle_disk_vs_original": lambda x: x > 1.0,
         "depth_admit_next_10000_vs_100": lambda x: x <= 2.0,
+        "depth_adversarial_10000_vs_100_worst": lambda x: x <= 2.0,
+        "depth_adversarial_pg_10000_vs_100_worst": lambda x: x <= 2.0,
         "contention_P8_vs_P1": lambda x: x >= 0.80,
         "contention_raw_sqlite_errors": lambda x: x == 0,
         "contention_transaction_faults": lambda x: x == 0,
@@ -269,6 +286,8 @@ def compute_ratios() -> dict[str, Any]:
         "depth_admit_request_10000_vs_100_median": _ratio(
             _get("depth.admit_request.10000.median_us"), _get("depth.admit_request.100.median_us")
         ),
+        "depth_adversarial_100000_vs_100_worst": _adversarial_worst("sqlite", 100_000),
+        "depth_adversarial_pg_100000_vs_100_worst": _adversarial_worst("postgresql", 100_000),
         "contention_poll5ms_P8_vs_P1": _ratio(
             _get("contention.hold0-poll5.P8.turns_per_s"), _get("contention.hold0-poll5.P1.turns_per_s")
         ),
@@ -292,7 +311,7 @@ def compute_ratios() -> dict[str, Any]:
         "contention_pg_P1_vs_sqlite_P1": _ratio(pg_p1, p1),
         "contention_pg_P8_vs_sqlite_P8": _ratio(pg_p8, p8),
     }
-    return {"targets": targets, "informational": info}
+    return {"targets": targets, "informational": info, "depth_adversarial": adversarial_ratios()}
 
 
 def _machine() -> dict[str, Any]:
@@ -323,6 +342,18 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         write(f"{name:<36} {shown:>10}  target {entry['target']:<8} {verdict}")
     for name, value in report["informational"].items():
         write(f"{name:<36} {'n/a' if value is None else f'{value:.3f}':>10}")
+    probes = set(RESULTS.get("depth_adversarial_probes", []))
+    for dialect, shapes in report["depth_adversarial"].items():
+        for shape, operations in sorted(shapes.items()):
+            shown = "  ".join(
+                f"{operation} "
+                + " ".join(
+                    f"{key}={'n/a' if ratio is None else f'{ratio:.2f}'}"
+                    for key, ratio in sorted(ratios.items(), key=lambda item: int(item[0].split("_")[0]))
+                )
+                for operation, ratios in sorted(operations.items())
+            )
+            write(f"adversarial {dialect:<10} {shape:<26}{' (probe)' if shape in probes else ''} {shown}")
     unavailable = _get("postgres.unavailable")
     if unavailable:
         write(f"PostgreSQL benchmarks skipped: {unavailable}")

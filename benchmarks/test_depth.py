@@ -3,7 +3,9 @@
 The queue holds D requests with payloads (D = 100, 1 000, 10 000) from 16 agents in
 turn, three of which already hold a seat (an ``active`` turn each), so the admission rule
 has to pass over busy agents. The queue is loaded in one transaction through the
-service's own ``INSERT`` statements (sealed payloads, journal rows) to keep set-up short.
+service's own ``INSERT`` statements (sealed payloads, journal rows, the admission index;
+:mod:`benchmarks._queue`) to keep set-up short. The adversarial queue shapes are in
+:mod:`benchmarks.test_depth_adversarial`.
 
 * ``admit_next``: each round admits the head; between rounds (untimed) the lease is
   abandoned and one request is queued at the tail, so the depth stays D.
@@ -20,19 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy.dialects import sqlite
 
 from admission_plane import AdmissionPlane, DispatchRecord
-from admission_plane.crypto import SecretKey, content_fingerprint, event_correlation, seal
 from admission_plane.evidence import capture
 from admission_plane.service import _admission
-from admission_plane.store.statements import journal, requests
 
+from ._queue import Queued, Spec, bulk_queue
 from ._support import (
-    CONTENT_KEY,
     DEPTH_ROUNDS,
     DEPTHS,
-    ENCRYPTION_KEY,
     RESULTS,
     migrated,
     open_plane,
@@ -42,7 +40,6 @@ from ._support import (
 
 AGENTS = 16
 HELD_SEATS = 3
-_DIALECT = sqlite.dialect()
 
 
 def _enqueue(plane: AdmissionPlane, request_id: str, agent: int, now: int) -> None:
@@ -79,62 +76,12 @@ def _hold_seat(plane: AdmissionPlane, request_id: str, agent: int, now: int) -> 
     plane.mark_active(lease, now + 4)
 
 
-def _bulk_queue(path: Path, depth: int, start: int) -> None:
+def _bulk_queue(path: Path, depth: int, start: int, owner_instance_id: str) -> None:
     """Queue ``depth`` requests (agents in turn) in one transaction with the service's statements."""
-    encryption, content = SecretKey(ENCRYPTION_KEY, "encryption"), SecretKey(CONTENT_KEY, "content")
-    request_rows, payloads, events = [], [], []
-    for index in range(depth):
-        request_id, now = f"queued-{index:05d}", start + index
-        plaintext = f"prompt {request_id}"
-        sealed = seal(encryption, request_id, plaintext)
-        request_rows.append(
-            {
-                "request_id": request_id,
-                "session_id": "session-1",
-                "agent_id": f"agent-{index % AGENTS}",
-                "fingerprint": "fp-1",
-                "provider": "antigravity",
-                "model": "model-bench",
-                "now": now,
-                "deadline_at": now + 1_800_000,
-            }
-        )
-        payloads.append(
-            {
-                "request_id": request_id,
-                "nonce": sealed.nonce,
-                "ciphertext": sealed.ciphertext,
-                "auth_tag": sealed.auth_tag,
-                "key_version": sealed.key_version,
-                "content_fingerprint": content_fingerprint(content, request_id, plaintext),
-                "expires_at": now + 1_800_001,
-                "now": now,
-            }
-        )
-        events.append(
-            {
-                "kind": "request_enqueued",
-                "from_state": "absent",
-                "to_state": "queued",
-                "now": now,
-                "correlation_hmac": event_correlation(content, request_id),
-            }
-        )
-    connection = sqlite3.connect(str(path), isolation_level=None)
-    try:
-        connection.execute("PRAGMA foreign_keys = ON")
-        connection.execute("BEGIN IMMEDIATE")
-        for statement, rows in (
-            (requests.INSERT_REQUEST, request_rows),
-            (requests.INSERT_PAYLOAD, payloads),
-            (journal.INSERT_EVENT, events),
-        ):
-            sql, defaults = statement.compiled(_DIALECT)
-            assert not defaults
-            connection.executemany(sql, rows)
-        connection.execute("COMMIT")
-    finally:
-        connection.close()
+    items = [
+        Queued(f"queued-{index:05d}", Spec(agent=f"agent-{index % AGENTS}"), start + index) for index in range(depth)
+    ]
+    bulk_queue(path, items, owner_instance_id)
 
 
 class _Queue:
@@ -166,7 +113,7 @@ def queue(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     with open_plane(path) as plane:
         for seat in range(HELD_SEATS):
             _hold_seat(plane, f"held-{seat}", seat, start + 10 * seat)
-        _bulk_queue(path, depth, start + 100)
+        _bulk_queue(path, depth, start + 100, plane.owner_identity.owner_instance_id)
         yield _Queue(plane, depth, start + 100 + depth + 10)
 
 
@@ -248,7 +195,7 @@ def test_waiting_admit_request_at_depth(benchmark, queue: _Queue) -> None:
 
 def test_waiting_look_at_depth(benchmark, queue: _Queue) -> None:
     """``wait_for_admission``'s own look for the last request: besides "not now", it works out what to wait
-    for (the idle agents ahead, counted over at most ``RANK_HORIZON`` requests), so its cost stays flat too."""
+    for (a departure from the queue, and a freed seat if its agent holds one), so its cost stays flat too."""
     newest = _newest_queued(queue)
 
     def look() -> None:

@@ -18,6 +18,7 @@ from ..turns._support import (
     DispatchRefusedError,
     TurnNotAdmittedError,
     check_turn,
+    payload_expiry,
 )
 from ..turns._turn import _RETRYABLE_START_REFUSALS, _Stage
 from ..values import AdmittedLease, DispatchRecord, LiveTurnCompletion, QueueSnapshot
@@ -57,6 +58,7 @@ class AsyncTurn(TurnDecisions):
         provider: str,
         model: str,
         prompt: str,
+        lane: str | None = None,
         command: Sequence[str] | None = None,
         spawn: Spawn | None = None,
         write_prompt: WritePrompt | None = None,
@@ -79,6 +81,7 @@ class AsyncTurn(TurnDecisions):
                 "fingerprint": fingerprint,
                 "provider": provider,
                 "model": model,
+                "lane": lane,
             },
             prompt=prompt,
             command=command,
@@ -162,7 +165,7 @@ class AsyncTurn(TurnDecisions):
         now = self._clock()
         prompt, self._prompt = self._prompt, None
         assert prompt is not None
-        expires_at = now + self.plane.policy.queue_timeout_ms + self._payload_grace_ms
+        expires_at = payload_expiry(self.plane.policy.queue_timeout_ms, now, self._payload_grace_ms)
 
         def enqueue() -> None:
             self.plane.enqueue_with_payload(**self._metadata, now=now, plaintext=prompt, expires_at=expires_at)

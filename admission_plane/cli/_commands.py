@@ -11,10 +11,10 @@ import attrs
 import sqlalchemy as sa
 from alembic import command
 from alembic.util import CommandError
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, Connection
 from sqlalchemy.pool import NullPool
 
-from ..errors import AdmissionDatabaseError, AdmissionError, MissingKeyError
+from ..errors import AdmissionDatabaseError, AdmissionError, MissingKeyError, SchemaIntegrityError
 from ..keys import ENCRYPTION_KEY_VARIABLE, default_key_file, generate_key_file
 from ..migrate import HEAD_REVISION, alembic_config, current_revision, downgrade, upgrade
 from ..policy import Policy
@@ -22,6 +22,7 @@ from ..store.engine import create_admission_engine
 from ..store.failures import connect, is_corruption, sqlite_integrity_problems, translated
 from ..store.schema_check import check_schema
 from ..store.schema_spec import foreign_tables
+from ..store.statements.queue import INDEX_CHECKS
 from ..store.status import read_status
 from ._common import (
     EXIT_FOUND_PROBLEM,
@@ -33,6 +34,7 @@ from ._common import (
     emit,
     first_line,
     interruptible,
+    iso,
     now_ms,
     open_plane,
     print_event,
@@ -106,6 +108,7 @@ def cmd_db_check(args: argparse.Namespace) -> int:
         with engine.connect() as connection:
             try:
                 check_schema(connection, allow_foreign_tables=args.allow_foreign_tables)
+                check_admission_index(connection)
             except AdmissionError as error:
                 raise CommandFailed(str(error), EXIT_FOUND_PROBLEM) from None
             finally:
@@ -116,6 +119,15 @@ def cmd_db_check(args: argparse.Namespace) -> int:
         args, {"database": shown(url), "ok": True}, f"database {shown(url)} is at head and matches the schema contract"
     )
     return EXIT_OK
+
+
+def check_admission_index(connection: Connection) -> None:
+    """Raise :class:`SchemaIntegrityError` unless the admission index matches the queue exactly
+    (every queued request with a payload, and the head of every group)."""
+    for table, expected, actual in INDEX_CHECKS:
+        for first, second in ((expected, actual), (actual, expected)):
+            if connection.exec_driver_sql(f"SELECT count(*) FROM ({first} EXCEPT {second}) d").scalar():
+                raise SchemaIntegrityError(f"admission index {table} does not match the queue")
 
 
 def refuse_foreign_tables(url: URL) -> None:
@@ -201,6 +213,31 @@ def cmd_status(args: argparse.Namespace) -> int:
         "requests         "
         + (", ".join(f"{state} {count}" for state, count in status.requests_by_state.items()) or "none"),
         f"events           {status.event_count} (last seq {status.last_event_seq})",
+        f"policy revision  {status.policy_revision or 'none (durable seats, connectors own policy)'}",
+        "lanes            "
+        + (
+            ", ".join(
+                f"{lane} {queued} queued ({ready} ready)" for lane, (queued, ready) in status.queue_by_lane.items()
+            )
+            or "none queued"
+        ),
+        "keys             "
+        + (
+            ", ".join(
+                f"{provider}/{model} {queued} queued, {seats} seats" for provider, model, queued, seats in status.keys
+            )
+            or "none"
+        ),
+        f"full sessions    {'no session limit' if status.sessions_at_limit is None else status.sessions_at_limit}",
+        "paused           "
+        + (
+            ", ".join(
+                ("everything" if not lane and not provider else f"lane {lane}" if lane else f"{provider}/{model}")
+                + f" since {iso(since)}"
+                for lane, provider, model, since in status.pauses
+            )
+            or "nothing"
+        ),
     ]
     print("\n".join(lines), flush=True)
     return EXIT_OK

@@ -1,11 +1,11 @@
 """Admission: which request gets the next seat, and what a waiting connector waits for.
 
-The rule, in order: time out expired requests; refuse while capacity is full (seats,
-concurrent starts, the minimum start interval and the recent-reservation rule); then take
-the oldest queued request with a payload whose provider/model is not cooling down,
-preferring agents that hold no seat (the two ``SELECT_CANDIDATE_*`` statements). The
-admission transaction applies it; a waiter's *look* reads the same facts without the
-write lock and says what could change the answer (:class:`Wake`).
+In order: time out expired requests; refuse while global capacity is full (seats,
+concurrent starts, the minimum start interval and the recent-reservation rule); then
+admit the rule's choice (:mod:`admission_plane.service._selection`: lanes, fair share,
+keyed and per-session limits, cooldowns and pauses). The admission transaction applies
+it; a waiter's *look* reads the same facts without the write lock and says what could
+change the answer (:class:`Wake`).
 """
 
 from __future__ import annotations
@@ -18,30 +18,16 @@ import attrs
 from .. import _validate as v
 from ..states import EventKind, RequestState
 from ..store.doorbell import EVERYONE_STEP, Chimes
-from ..store.rows import Candidate
-from ..store.statements.admission import (
-    AGENT_HOLDS_SEAT,
-    ANY_EXPIRED,
-    COOLDOWN_UNTIL,
-    COUNT_IDLE_AGENTS_AHEAD,
-    COUNT_SEAT_LEASES,
-    COUNT_START_WINDOW_LEASES,
-    LATEST_RESERVATION,
-    RECENT_RESERVATION,
-    RECENT_START,
-    SELECT_CANDIDATE_ANY,
-    SELECT_CANDIDATE_IDLE_AGENT,
-    SELECT_EXPIRED,
-    WAITER_ENTRY,
-)
+from ..store.statements.admission import ANY_EXPIRED, RECENT_START, SELECT_CANDIDATE, SELECT_EXPIRED
 from ..store.statements.leases import LATEST_START
-from ..store.statements.policy import SELECT_POLICY
+from ..store.statements.queue import SELECT_ENTRY
 from ..store.statements.requests import SELECT_REQUEST_STATUS
 from ..store.tx import Tx
 from ..values import AdmittedLease
-from . import _policy
+from . import _policy, _queue_index
 from ._context import PlaneContext
 from ._enqueue import record_admitting_owner
+from ._selection import Facts, KeyBlock, choose, key_block, limits_of, session_full, spend_credits
 from ._transitions import NewLease, QueuedRequest, change
 
 S = RequestState
@@ -114,13 +100,20 @@ def admit_in_transaction(
 ) -> AdmittedLease | None:
     """Time out expired requests, then admit the rule's choice (only if it is ``only_request_id``, when given)."""
     expire_queued(ctx, tx, now)
-    if capacity_block(ctx, tx, now) is not None:
+    policy = _policy.effective(ctx, tx)
+    facts = Facts.read(tx, now)
+    if capacity_block(tx, policy, facts, now) is not None:
         return None
-    candidate = select_candidate(tx, now)
-    if candidate is None or (only_request_id is not None and candidate.request_id != only_request_id):
+    choice = choose(tx, limits_of(policy.policy), facts)
+    if choice is None or (only_request_id is not None and choice.request_id != only_request_id):
         return None
-    lease = NewLease(str(uuid.uuid4()), candidate.request_id, candidate.lease_generation + 1, owner_instance_id)
+    candidate = tx.one(SELECT_CANDIDATE, {"request_id": choice.request_id})
+    if candidate is None:
+        return None
+    spend_credits(tx, choice)
+    lease = NewLease(str(uuid.uuid4()), choice.request_id, candidate.lease_generation + 1, owner_instance_id)
     change(ctx, tx, lease, EventKind.REQUEST_ADMITTED, S.ADMITTED, now)
+    _queue_index.remove(tx, choice.request_id)
     record_admitting_owner(ctx, tx, owner_instance_id, now)
     return AdmittedLease(lease.lease_id, lease.request_id, lease.generation, owner_instance_id)
 
@@ -130,61 +123,63 @@ def look(ctx: PlaneContext, tx: Tx, request_id: str, now: int, plan_wait: bool =
     (``None``: the request is not queued any more)."""
     if tx.exists(ANY_EXPIRED, {"now": now}):
         return Verdict.WRITE
-    candidate = select_candidate(tx, now)
-    if candidate is not None and candidate.request_id == request_id:
-        block = capacity_block(ctx, tx, now, plan_wait=plan_wait)
+    policy = _policy.effective(ctx, tx)
+    facts = Facts.read(tx, now)
+    limits = limits_of(policy.policy)
+    choice = choose(tx, limits, facts)
+    if choice is not None and choice.request_id == request_id:
+        block = capacity_block(tx, policy, facts, now, plan_wait=plan_wait)
         return Verdict.WRITE if block is None else block
     if not plan_wait:
         return Wake()
-    entry = tx.one(WAITER_ENTRY, {"request_id": request_id})
+    entry = tx.one(SELECT_ENTRY, {"request_id": request_id})
     if entry is None:
         status = tx.one(SELECT_REQUEST_STATUS, {"request_id": request_id})
         # Queued without a payload: only ``persist_payload`` (or the fallback) helps.
         return Wake() if status is not None and status.state == S.QUEUED else None
-    params = {"provider": entry.provider, "model": entry.model, "now": now}
-    cooling_until = tx.scalar(COOLDOWN_UNTIL, params)
-    if cooling_until is not None:
-        return Wake(at=cooling_until)
-    if tx.exists(AGENT_HOLDS_SEAT, {"agent_id": entry.agent_id}):
-        # Picked only when no idle agent's request is eligible, or once our agent's seat is freed.
+    if facts.paused_all or entry.lane in facts.paused_lanes:
+        return Wake()  # a resume rings for everyone
+    key = key_block(limits, facts, entry.provider, entry.model)
+    if key is KeyBlock.COOLING:
+        return Wake(at=facts.cooling[(entry.provider, entry.model)])
+    if key is KeyBlock.PAUSED:
+        return Wake()
+    if key is KeyBlock.FULL:
+        return Wake(queue=1, seats=True, starts=True)
+    if session_full(limits, facts, entry.session_id) or facts.agent_seats[entry.agent_id]:
+        # Picked once a seat of ours is freed, or once the requests ahead of ours have left.
         return Wake(queue=1, seats=True)
-    # Each request leaving the queue makes at most one more agent busy or absent, so the
-    # idle agents ahead of us can shrink by at most one per departure.
-    ahead = tx.scalar(COUNT_IDLE_AGENTS_AHEAD, {"enqueued_at": entry.enqueued_at, "request_id": request_id, "now": now})
-    return Wake(queue=max(1, ahead or 0))
+    return Wake(queue=1)
 
 
 def expire_queued(ctx: PlaneContext, tx: Tx, now: int) -> None:
     """Time out every queued request past its deadline (each one a departure from the queue)."""
     for request_id in tx.column(SELECT_EXPIRED, {"now": now}):
-        change(ctx, tx, QueuedRequest(request_id), EventKind.REQUEST_QUEUE_TIMED_OUT, S.QUEUE_TIMEOUT, now)
+        if change(ctx, tx, QueuedRequest(request_id), EventKind.REQUEST_QUEUE_TIMED_OUT, S.QUEUE_TIMEOUT, now):
+            _queue_index.remove(tx, request_id)
 
 
-def capacity_block(ctx: PlaneContext, tx: Tx, now: int, *, plan_wait: bool = False) -> Wake | None:
+def capacity_block(
+    tx: Tx, policy: _policy.Effective, facts: Facts, now: int, *, plan_wait: bool = False
+) -> Wake | None:
     """``None`` if a seat may be taken now; else what could free one.
 
-    Only with ``plan_wait`` does it look up when the start interval ends (two more
-    statements that the admission transaction itself has no use for).
+    Only with ``plan_wait`` does it look up when the start interval ends (a statement the
+    admission transaction itself has no use for).
     """
-    seats = _policy.seat_limit(ctx, tx.one(SELECT_POLICY))
     # ``queue=1`` too: while capacity is full a departure is rare (a cancellation, a
     # time-out), and it may be this very request, which ends the wait. A drain in progress
     # completes when the last seat is freed.
-    if seats is None or (tx.scalar(COUNT_SEAT_LEASES) or 0) >= seats:
+    if policy.seat_limit is None or facts.seats >= policy.seat_limit:
         return Wake(queue=1, seats=True)
-    if (tx.scalar(COUNT_START_WINDOW_LEASES) or 0) >= ctx.policy.max_concurrent_starts:
+    if facts.starts >= policy.policy.max_concurrent_starts:
         return Wake(queue=1, starts=True)
-    interval = ctx.policy.min_start_interval_ms
-    cutoff = {"cutoff": now - interval}
-    if not tx.exists(RECENT_START, cutoff) and not tx.exists(RECENT_RESERVATION, cutoff):
+    interval = policy.policy.min_start_interval_ms
+    cutoff = now - interval
+    reserved = facts.latest_reservation is not None and facts.latest_reservation > cutoff
+    if not reserved and not tx.exists(RECENT_START, {"cutoff": cutoff}):
         return None
     if not plan_wait:
         return Wake(queue=1, starts=True)
-    latest = max(tx.scalar(LATEST_START) or 0, tx.scalar(LATEST_RESERVATION) or 0)
+    latest = max(tx.scalar(LATEST_START) or 0, facts.latest_reservation or 0)
     return Wake(queue=1, starts=True, at=max(now + 1, latest + interval))
-
-
-def select_candidate(tx: Tx, now: int) -> Candidate | None:
-    """The request the rule admits next, if any (capacity aside)."""
-    params = {"now": now}
-    return tx.one(SELECT_CANDIDATE_IDLE_AGENT, params) or tx.one(SELECT_CANDIDATE_ANY, params)

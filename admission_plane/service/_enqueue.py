@@ -11,12 +11,19 @@ from typing import Any
 import attrs
 
 from .. import _validate as v
-from ..errors import AdmissionConflictError, AdmissionStateError, InvalidInputError, UnknownRequestError
+from ..errors import (
+    AdmissionConflictError,
+    AdmissionStateError,
+    InvalidInputError,
+    SessionLimitError,
+    UnknownRequestError,
+)
 from ..evidence import ConnectorIdentity
 from ..states import ABSENT, EventKind, RequestState
 from ..store.rows import RequestMeta, RequestStatus, as_params
 from ..store.statements.requests import (
     BIND_QUEUED_OWNER,
+    COUNT_SESSION_OPEN,
     INSERT_QUEUED_OWNER,
     INSERT_REQUEST,
     LEASE_EXISTS_FOR_REQUEST,
@@ -27,7 +34,7 @@ from ..store.statements.requests import (
 )
 from ..store.tx import Tx
 from ..values import EnqueueResult
-from . import _journal
+from . import _journal, _policy, _queue_index
 from ._context import PlaneContext
 from ._transitions import QueuedRequest, change
 
@@ -44,15 +51,23 @@ class Metadata:
     fingerprint: str
     provider: str
     model: str
+    #: The lane named at enqueue; ``None``: the policy's default lane.
+    lane: str | None = None
 
-    @property
-    def stored(self) -> RequestMeta:
+    def stored(self, lane: str) -> RequestMeta:
         """As :data:`SELECT_REQUEST_META` returns it, to compare with a stored request."""
-        return RequestMeta(self.session_id, self.agent_id, self.fingerprint, self.provider, self.model)
+        return RequestMeta(self.session_id, self.agent_id, self.fingerprint, self.provider, self.model, lane)
 
 
 def metadata(
-    request_id: str, session_id: str, agent_id: str, fingerprint: str, provider: str, model: str, now: int
+    request_id: str,
+    session_id: str,
+    agent_id: str,
+    fingerprint: str,
+    provider: str,
+    model: str,
+    now: int,
+    lane: str | None = None,
 ) -> Metadata:
     """Validate an enqueue's arguments in the original's order (each failure its own message).
 
@@ -66,7 +81,9 @@ def metadata(
         raise InvalidInputError("invalid request timestamp")
     # The original reports this through its journal, after the other checks, before any write.
     v.identifier(request_id, "event correlation input")
-    return Metadata(request_id, session_id, agent_id, fingerprint, provider, model)
+    if lane is not None:
+        v.identifier(lane, "request lane")
+    return Metadata(request_id, session_id, agent_id, fingerprint, provider, model, lane)
 
 
 def owner(ctx: PlaneContext, owner_identity: ConnectorIdentity | None) -> ConnectorIdentity:
@@ -91,13 +108,27 @@ def enqueue(ctx: PlaneContext, meta: Metadata, connector: ConnectorIdentity, now
 
 
 def insert_request(ctx: PlaneContext, tx: Tx, meta: Metadata, now: int) -> EnqueueResult:
-    """Insert the request (``absent -> queued``), or accept an exact replay of it."""
+    """Insert the request (``absent -> queued``), or accept an exact replay of it.
+
+    The policy in force decides the lane (it must name it), the queue deadline and, for a
+    policy that refuses requests beyond the per-session limit, whether the session has room.
+    """
+    policy = _policy.effective(ctx, tx).policy
+    lane = policy.default_lane if meta.lane is None else meta.lane
     existing = tx.one(SELECT_REQUEST_META, {"request_id": meta.request_id})
     if existing is not None:
-        if existing != meta.stored:
+        if existing != meta.stored(lane):
             raise AdmissionConflictError()
         return EnqueueResult(meta.request_id, True)
-    tx.execute(INSERT_REQUEST, {**as_params(meta), "now": now, "deadline_at": now + ctx.policy.queue_timeout_ms})
+    if all(known.name != lane for known in policy.lanes):
+        raise InvalidInputError("request lane is not a lane of the admission policy")
+    limit = policy.max_turns_per_session
+    if limit is not None and policy.session_overflow == "refuse":
+        held = tx.scalar(COUNT_SESSION_OPEN, {"session_id": meta.session_id, "limit": limit}) or 0
+        if held >= limit:
+            raise SessionLimitError()
+    params = {**as_params(meta), "lane": lane, "now": now, "deadline_at": now + policy.queue_timeout_ms}
+    tx.execute(INSERT_REQUEST, params)
     _journal.record(ctx, tx, EventKind.REQUEST_ENQUEUED, meta.request_id, ABSENT, S.QUEUED, now)
     return EnqueueResult(meta.request_id, False)
 
@@ -168,7 +199,8 @@ def cancel_queued(ctx: PlaneContext, request_id: str, now: int) -> None:
 
     def work(tx: Tx) -> None:
         require_queued(tx, request_id)
-        change(ctx, tx, QueuedRequest(request_id), EventKind.REQUEST_CANCELLED, S.CANCELLED, now)
+        if change(ctx, tx, QueuedRequest(request_id), EventKind.REQUEST_CANCELLED, S.CANCELLED, now):
+            _queue_index.remove(tx, request_id)
 
     ctx.run(work)
 
@@ -185,7 +217,10 @@ def settle_owner_death(ctx: PlaneContext, request_id: str, owner_instance_id: st
             return False
         if tx.exists(LEASE_EXISTS_FOR_REQUEST, {"request_id": request_id}):
             return False
-        return change(ctx, tx, QueuedRequest(request_id), EventKind.QUEUED_OWNER_DEAD, S.CANCELLED, now)
+        if not change(ctx, tx, QueuedRequest(request_id), EventKind.QUEUED_OWNER_DEAD, S.CANCELLED, now):
+            return False
+        _queue_index.remove(tx, request_id)
+        return True
 
     return ctx.run(work)
 

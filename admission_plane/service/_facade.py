@@ -26,13 +26,15 @@ from ..values import (
     EnqueueResult,
     LeaseFence,
     LiveTurnCompletion,
+    Pause,
+    PolicyRevision,
     QueueSnapshot,
     RecoverableDispatch,
     RecoverableQueuedOwner,
     SanitizedEvent,
     StoredRequest,
 )
-from . import _admission, _dispatch, _enqueue, _journal, _lifecycle, _payloads, _policy, _reads, _waiting
+from . import _admission, _control, _dispatch, _enqueue, _journal, _lifecycle, _payloads, _policy, _reads, _waiting
 from ._context import FaultInjection, PlaneContext, PlaneKeys
 from ._facade_recovery import RecoveryOperations
 from ._opening import open_engine, open_schema
@@ -163,13 +165,17 @@ class AdmissionService(RecoveryOperations):
         model: str,
         now: int,
         owner_identity: ConnectorIdentity | None = None,
+        lane: str | None = None,
     ) -> EnqueueResult:
         """Queue a request without a payload (it is not admissible until one is persisted).
 
-        Replaying the same metadata is idempotent (``existed=True``); different metadata
-        for the same id raises :class:`~admission_plane.errors.AdmissionConflictError`.
+        ``lane`` names one of the policy's lanes (default: its first). Replaying the same
+        metadata is idempotent (``existed=True``); different metadata for the same id raises
+        :class:`~admission_plane.errors.AdmissionConflictError`. A policy that refuses
+        requests beyond its per-session limit raises
+        :class:`~admission_plane.errors.SessionLimitError`.
         """
-        meta = _enqueue.metadata(request_id, session_id, agent_id, fingerprint, provider, model, now)
+        meta = _enqueue.metadata(request_id, session_id, agent_id, fingerprint, provider, model, now, lane)
         return _enqueue.enqueue(self._ctx, meta, _enqueue.owner(self._ctx, owner_identity), now)
 
     def enqueue_with_payload(
@@ -185,14 +191,15 @@ class AdmissionService(RecoveryOperations):
         plaintext: str,
         expires_at: int,
         owner_identity: ConnectorIdentity | None = None,
+        lane: str | None = None,
     ) -> EnqueueResult:
-        """Queue a request and its sealed prompt atomically.
+        """Queue a request and its sealed prompt atomically (``lane`` as for :meth:`enqueue`).
 
         The same request with the same prompt is idempotent; with a different prompt it
         raises :class:`~admission_plane.errors.PayloadConflictError` and changes nothing.
         """
         _payloads.check_expiry(now, expires_at)
-        meta = _enqueue.metadata(request_id, session_id, agent_id, fingerprint, provider, model, now)
+        meta = _enqueue.metadata(request_id, session_id, agent_id, fingerprint, provider, model, now, lane)
         connector = _enqueue.owner(self._ctx, owner_identity)
         return _payloads.enqueue_with_payload(self._ctx, meta, connector, now, plaintext, expires_at)
 
@@ -379,3 +386,47 @@ class AdmissionService(RecoveryOperations):
     def begin_soft_drain_to_1(self, owner_instance_id: str, now: int) -> None:
         """Start draining a steady three-seat policy to one seat (completes when no seat is held)."""
         _policy.begin_soft_drain(self._ctx, owner_instance_id, now)
+
+    # --- live policy and pauses (policy v2) ----------------------------------------------------
+
+    def current_policy(self) -> PolicyRevision:
+        """The policy in force and its revision (0 until :meth:`set_policy` was first called)."""
+        return _policy.current(self._ctx)
+
+    def set_policy(self, policy: Policy, *, now: int | None = None) -> PolicyRevision:
+        """Put ``policy`` in force as the next live revision: every connector applies it at its
+        next transaction, without a restart.
+
+        Lowering a limit never preempts a running turn; admission waits until the lower
+        limit holds. A soft drain in progress ends. The journal records ``policy_revised``
+        (no identifier). Values the durable row refuses raise
+        :class:`~admission_plane.errors.InvalidInputError` and change nothing.
+        """
+        return _policy.set_policy(self._ctx, policy, self._ctx.now() if now is None else now)
+
+    def policy_history(self, limit: int = 20) -> tuple[PolicyRevision, ...]:
+        """The newest ``limit`` (1-1000) live policy revisions, newest first."""
+        return _policy.history(self._ctx, limit)
+
+    def pause(
+        self, *, lane: str | None = None, provider: str | None = None, model: str | None = None, now: int | None = None
+    ) -> bool:
+        """Pause admission: everything (no argument), one ``lane``, or one ``provider``/``model`` key.
+
+        Running turns go on and queue time-outs still apply. Returns ``False`` if the scope
+        was paused already. Journalled as ``admission_paused`` with the scope's kind only.
+        """
+        return _control.pause(self._ctx, lane, provider, model, self._ctx.now() if now is None else now)
+
+    def resume(
+        self, *, lane: str | None = None, provider: str | None = None, model: str | None = None, now: int | None = None
+    ) -> bool:
+        """Resume admission in a scope paused with the same arguments; waiters look again at once.
+
+        Returns ``False`` if the scope was not paused.
+        """
+        return _control.resume(self._ctx, lane, provider, model, self._ctx.now() if now is None else now)
+
+    def pauses(self) -> tuple[Pause, ...]:
+        """Every paused scope."""
+        return _control.pauses(self._ctx)

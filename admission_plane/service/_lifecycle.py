@@ -4,6 +4,40 @@ Each operation reads the fenced lease in its transaction, checks the phase it ac
 (with the original's message), and applies one edge of the transition table through
 :func:`~admission_plane.service._transitions.change`. The dispatch intent, which also
 records process evidence, is :mod:`._dispatch`.
+
+Locking (PostgreSQL; SQLite serialises every writer on its write lock). Every operation
+here is a *lease unit* (``Gate.LEASE``, :mod:`admission_plane.store.unit_of_work`): it
+takes the plane's gate shared, so lease units of different leases run and commit side by
+side, but never beside an admission unit. Why that is enough, operation by operation:
+
+* Every one reads its lease first with ``SELECT ... FOR UPDATE`` (heartbeat and suspicion
+  are a single fenced ``UPDATE``, which locks the row itself). Two units of one lease
+  therefore run one after the other, and the second reads the first's committed phase:
+  the fence and the phase check are exact, as under the global lock.
+* The request row, its payload and its process evidence are written only by units of its
+  lease (or by admission units, which never overlap a lease unit), so the lease row lock
+  covers them too; the journal is append-only.
+* Nothing here raises a count admission reads: seats and the start window only shrink
+  (a lease leaves the window, or is deleted); starts, cooldowns and the journal are
+  written, but admission never runs beside a lease unit, so it always reads them
+  committed. What a lease unit reads that another lease unit may change beside it:
+
+  - ``mark_starting``: the concurrent-start limit and the start interval (it counts
+    starting leases and reads ``start_history``). It takes the start lock (``START_LOCK_KEY``): shared
+    when the leases of the whole start window are no more than the limit (then starting
+    ones, a subset that only admission can grow, stay within it whatever other starters
+    do) and the interval is 0 (nothing to space out); exclusive otherwise, which waits for
+    every shared starter to commit, so the exact count and the latest start it reads are
+    final. ``start_history`` rows are deleted with ``SKIP LOCKED``, so two shared starters
+    never wait for each other over them.
+  - Freeing a seat while a soft drain is pending: the drain completes when no seat is held,
+    but two units freeing the last two seats would each still count the other's. The
+    drain state cannot change beside a lease unit (starting a drain and revising the policy
+    are admission units), so a unit that reads "steady" needs nothing more; one that
+    reads "draining" takes the drain lock (``DRAIN_LOCK_KEY``) exclusively before counting, held to
+    commit, so the last of them counts after every other has committed and completes it.
+  - A capacity failure's cooldown is an upsert of one row (``greatest`` of the two ends):
+    concurrent ones queue on that row and both extensions survive.
 """
 
 from __future__ import annotations
@@ -17,6 +51,7 @@ from ..states import (
     OWNER_DEATH_OUTCOME,
     OWNER_DEATH_PHASES,
     RELEASABLE_PHASES,
+    DrainState,
     EventKind,
     FailureCategory,
     RequestState,
@@ -25,21 +60,24 @@ from ..states import (
 from ..store.doorbell import Bell
 from ..store.rows import LeaseRow
 from ..store.statements.leases import (
+    COUNT_START_WINDOW_SHARING_STARTS,
     COUNT_STARTING_LEASES,
     DELETE_OLD_STARTS,
     HEARTBEAT,
     INSERT_START,
     LATEST_START,
     MARK_SUSPECT,
-    SELECT_LEASE,
+    SELECT_LEASE_FOR_UPDATE,
     UPSERT_COOLDOWN,
 )
+from ..store.statements.policy import SELECT_POLICY
 from ..store.statements.requests import SELECT_REQUEST_META
 from ..store.tx import Tx
+from ..store.unit_of_work import DRAIN_LOCK, START_LOCK, Gate
 from ..values import AdmittedLease, LeaseFence, LiveTurnCompletion, ReleasedLease, abandon_outcome
 from ._context import PlaneContext
-from ._policy import complete_drain_if_settled
-from ._transitions import change
+from ._policy import complete_drain_if_settled, effective
+from ._transitions import change, free_lease
 
 S, K = RequestState, EventKind
 
@@ -59,8 +97,9 @@ def fence_params(fence: LeaseFence) -> dict[str, object]:
 
 
 def require_lease(tx: Tx, fence: LeaseFence) -> LeaseRow:
-    """The lease ``fence`` names; :class:`UnknownLeaseError` or :class:`LeaseFenceError` otherwise."""
-    lease = tx.one(SELECT_LEASE, {"lease_id": fence.lease_id})
+    """The lease ``fence`` names, row-locked to the end of the transaction; :class:`UnknownLeaseError`
+    or :class:`LeaseFenceError` otherwise."""
+    lease = tx.one(SELECT_LEASE_FOR_UPDATE, {"lease_id": fence.lease_id})
     if lease is None:
         raise UnknownLeaseError()
     if lease.generation != fence.generation or lease.owner_instance_id != fence.owner_instance_id:
@@ -79,29 +118,49 @@ def _free_seat(
     ctx: PlaneContext, tx: Tx, lease: LeaseRow, event: EventKind, target: str, now: int, source: str | None = None
 ) -> None:
     """Apply an edge that deletes the lease, then complete a pending soft drain if no seat is left."""
-    change(ctx, tx, lease, event, target, now, source=source)
+    drain_state = free_lease(ctx, tx, lease, event, target, now, source=source)
+    if tx.shared:  # a lease unit: see the module docstring
+        if drain_state is None:
+            row = tx.one(SELECT_POLICY)
+            drain_state = None if row is None else row.drain_state
+        if drain_state != DrainState.SOFT_DRAINING_TO_1:
+            return  # cannot start draining before this unit commits
+        tx.execute(DRAIN_LOCK)
     complete_drain_if_settled(ctx, tx, lease.owner_instance_id, now)
 
 
 def mark_starting(ctx: PlaneContext, fence: LeaseFence, now: int) -> None:
     """``admitted`` -> ``starting``, within the concurrent-start limit and the start interval."""
     v.timestamp(now, "start timestamp")
-    interval = ctx.policy.min_start_interval_ms
 
     def work(tx: Tx) -> None:
         lease = _in_phase(tx, fence, frozenset({S.ADMITTED}), "lease is not admitted")
-        if (tx.scalar(COUNT_STARTING_LEASES) or 0) >= ctx.policy.max_concurrent_starts:
+        policy = effective(ctx, tx).policy  # a live revision applies at once
+        interval = policy.min_start_interval_ms
+        limit = policy.max_concurrent_starts
+        exact = not tx.shared
+        if tx.shared:  # a lease unit: see the module docstring for the start lock
+            if interval > 0:
+                tx.execute(START_LOCK)
+                exact = True
+            elif (tx.scalar(COUNT_START_WINDOW_SHARING_STARTS) or 0) > limit:
+                # Rare (a lowered limit): shared to exclusive. Two such upgraders deadlock; the
+                # server aborts one (40P01) and the unit of work runs it again from the start.
+                tx.execute(START_LOCK)
+                exact = True
+        if exact and (tx.scalar(COUNT_STARTING_LEASES) or 0) >= limit:
             raise AdmissionStateError("concurrent start limit reached")
-        tx.execute(DELETE_OLD_STARTS, {"cutoff": now - interval})
-        latest = tx.scalar(LATEST_START)
+        tx.send(DELETE_OLD_STARTS, {"cutoff": now - interval})
         # With no minimum interval there is nothing to space out: a start stamped a little
         # before another connector's (clocks are read before the write lock) is not refused.
-        if interval > 0 and latest is not None and now < latest + interval:
-            raise AdmissionStateError("start interval has not elapsed")
-        tx.execute(INSERT_START, {"lease_id": fence.lease_id, "now": now})
+        if interval > 0:
+            latest = tx.scalar(LATEST_START)
+            if latest is not None and now < latest + interval:
+                raise AdmissionStateError("start interval has not elapsed")
+        tx.send(INSERT_START, {"lease_id": fence.lease_id, "now": now})
         change(ctx, tx, lease, K.REQUEST_STARTING, S.STARTING, now)
 
-    ctx.run(work)
+    ctx.run(work, gate=Gate.LEASE)
 
 
 def move(
@@ -114,7 +173,7 @@ def move(
         lease = _in_phase(tx, fence, frozenset({source}), f"lease is not {source}")
         change(ctx, tx, lease, event, target, now)
 
-    ctx.run(work)
+    ctx.run(work, gate=Gate.LEASE)
 
 
 def abandon_before_prompt(ctx: PlaneContext, fence: LeaseFence, now: int, outcome: object) -> None:
@@ -126,7 +185,7 @@ def abandon_before_prompt(ctx: PlaneContext, fence: LeaseFence, now: int, outcom
         lease = _in_phase(tx, fence, ABANDONABLE_PHASES, "lease is not safely abandonable before prompt write")
         _free_seat(ctx, tx, lease, K.REQUEST_ABANDONED, final, now)
 
-    ctx.run(work)
+    ctx.run(work, gate=Gate.LEASE)
 
 
 def mark_execution_recovery_required(ctx: PlaneContext, fence: LeaseFence, now: int) -> None:
@@ -141,7 +200,7 @@ def mark_execution_recovery_required(ctx: PlaneContext, fence: LeaseFence, now: 
             raise AdmissionStateError("lease cannot enter execution recovery")
         change(ctx, tx, lease, K.REQUEST_RECOVERY_REQUIRED, S.RECOVERY_REQUIRED, now)
 
-    ctx.run(work)
+    ctx.run(work, gate=Gate.LEASE)
 
 
 def release_exited_recovery_seat(ctx: PlaneContext, fence: LeaseFence, now: int) -> None:
@@ -152,7 +211,7 @@ def release_exited_recovery_seat(ctx: PlaneContext, fence: LeaseFence, now: int)
         lease = _in_phase(tx, fence, RELEASABLE_PHASES, "lease is not an unresolved local execution")
         _free_seat(ctx, tx, lease, K.REQUEST_RECOVERY_SEAT_RELEASED, S.RECOVERY_REQUIRED, now)
 
-    ctx.run(work)
+    ctx.run(work, gate=Gate.LEASE)
 
 
 def settle_owner_death(ctx: PlaneContext, fence: LeaseFence, now: int) -> None:
@@ -169,7 +228,7 @@ def settle_owner_death(ctx: PlaneContext, fence: LeaseFence, now: int) -> None:
         lease = _in_phase(tx, fence, OWNER_DEATH_PHASES, "lease is not before its dispatch intent")
         _free_seat(ctx, tx, lease, K.LEASE_OWNER_DEAD, OWNER_DEATH_OUTCOME, now)
 
-    ctx.run(work)
+    ctx.run(work, gate=Gate.LEASE)
 
 
 def release_by_operator(ctx: PlaneContext, lease_id: str, now: int) -> ReleasedLease:
@@ -183,7 +242,7 @@ def release_by_operator(ctx: PlaneContext, lease_id: str, now: int) -> ReleasedL
     v.timestamp(now, "operator release timestamp")
 
     def work(tx: Tx) -> ReleasedLease:
-        lease = tx.one(SELECT_LEASE, {"lease_id": lease_id})
+        lease = tx.one(SELECT_LEASE_FOR_UPDATE, {"lease_id": lease_id})
         if lease is None:
             raise UnknownLeaseError()
         outcome = OPERATOR_RELEASE_OUTCOMES.get(lease.phase)
@@ -192,7 +251,7 @@ def release_by_operator(ctx: PlaneContext, lease_id: str, now: int) -> ReleasedL
         _free_seat(ctx, tx, lease, K.OPERATOR_SEAT_RELEASED, outcome, now)
         return ReleasedLease(S(lease.phase), outcome)
 
-    return ctx.run(work)
+    return ctx.run(work, gate=Gate.LEASE)
 
 
 def complete_live_turn(ctx: PlaneContext, fence: LeaseFence, now: int, completion: LiveTurnCompletion) -> None:
@@ -203,19 +262,22 @@ def complete_live_turn(ctx: PlaneContext, fence: LeaseFence, now: int, completio
 
     def work(tx: Tx) -> None:
         lease = _in_phase(tx, fence, frozenset({S.ACTIVE}), "lease is not active")
-        request = tx.one(SELECT_REQUEST_META, {"request_id": lease.request_id})
-        if request is None:
+        failure = completion.failure
+        cooling = failure is not None and failure.category is FailureCategory.PROVIDER_CAPACITY
+        # Only a capacity failure needs the provider and model; the request is read for it then.
+        request = tx.one(SELECT_REQUEST_META, {"request_id": lease.request_id}) if cooling else None
+        if cooling and request is None:
             raise UnknownRequestError()
         change(ctx, tx, lease, K.REQUEST_PROVIDER_TERMINAL, S.PROVIDER_TERMINAL, now)
-        failure = completion.failure
-        if failure is not None and failure.category is FailureCategory.PROVIDER_CAPACITY:
+        if request is not None and failure is not None:
             tx.ring(Bell.EVERYONE)  # a cooldown can drop requests ahead of any waiter
-            not_before = now + ctx.policy.capacity_cooldown_ms
+            signal = None if failure.retry_after is None else failure.retry_after.delay_ms(now)
+            not_before = now + effective(ctx, tx).policy.capacity_cooldown_for(signal)
             params = {"provider": request.provider, "model": request.model, "not_before": not_before, "now": now}
             tx.execute(UPSERT_COOLDOWN, params)
         _free_seat(ctx, tx, lease, K.REQUEST_RELEASED, completion.outcome, now, source=S.PROVIDER_TERMINAL)
 
-    ctx.run(work)
+    ctx.run(work, gate=Gate.LEASE)
 
 
 def heartbeat(ctx: PlaneContext, fence: LeaseFence, now: int) -> None:
@@ -226,7 +288,7 @@ def heartbeat(ctx: PlaneContext, fence: LeaseFence, now: int) -> None:
         if tx.execute(HEARTBEAT, {**fence_params(fence), "now": now}) != 1:
             raise LeaseFenceError()
 
-    ctx.run(work)
+    ctx.run(work, gate=Gate.LEASE)
 
 
 def mark_suspect(ctx: PlaneContext, fence: LeaseFence, now: int, reason: SuspectReason | str) -> bool:
@@ -237,7 +299,7 @@ def mark_suspect(ctx: PlaneContext, fence: LeaseFence, now: int, reason: Suspect
     except ValueError:
         raise InvalidInputError("lease suspect reason is invalid") from None
     params = {**fence_params(fence), "now": now, "reason": str(reason)}
-    return ctx.run(lambda tx: tx.execute(MARK_SUSPECT, params) == 1)
+    return ctx.run(lambda tx: tx.execute(MARK_SUSPECT, params) == 1, gate=Gate.LEASE)
 
 
 def set_capacity_cooldown(ctx: PlaneContext, provider: str, model: str, not_before: int, now: int) -> None:

@@ -13,10 +13,16 @@ from ..errors import (
 )
 from ..evidence import ConnectorIdentity
 from ..store.rows import PayloadRow
-from ..store.statements.requests import INSERT_PAYLOAD, SELECT_PAYLOAD, SELECT_PAYLOAD_FINGERPRINT
+from ..store.statements.requests import (
+    INSERT_PAYLOAD,
+    SELECT_ENTRY_OF_REQUEST,
+    SELECT_PAYLOAD,
+    SELECT_PAYLOAD_FINGERPRINT,
+)
 from ..store.statements.transitions import DELETE_PAYLOAD
 from ..store.tx import Tx
 from ..values import EnqueueResult
+from . import _queue_index
 from ._context import PlaneContext
 from ._enqueue import Metadata, bind_owner, insert_request, require_queued
 
@@ -80,6 +86,7 @@ def read(ctx: PlaneContext, request_id: str, now: int) -> str:
     def delete_expired(tx: Tx) -> None:
         if select(tx).expires_at <= now:
             tx.execute(DELETE_PAYLOAD, {"request_id": request_id})
+            _queue_index.remove(tx, request_id)  # a queued request without its payload is not admissible
 
     # Read without the write lock; only an expired payload needs a writing transaction.
     row = ctx.run(select, read_only=True)
@@ -110,6 +117,7 @@ def _stored_already(tx: Tx, request_id: str, fingerprint_hex: str) -> bool:
 
 
 def _insert(tx: Tx, request_id: str, sealed: SealedPayload, fingerprint_hex: str, expires_at: int, now: int) -> None:
+    """Store the sealed prompt of a queued request, which makes it admissible (it enters the admission index)."""
     tx.execute(
         INSERT_PAYLOAD,
         {
@@ -123,3 +131,7 @@ def _insert(tx: Tx, request_id: str, sealed: SealedPayload, fingerprint_hex: str
             "now": now,
         },
     )
+    # Its place in the admission index (the request is queued: the caller checked it).
+    entry = tx.one(SELECT_ENTRY_OF_REQUEST, {"request_id": request_id})
+    if entry is not None:
+        _queue_index.add(tx, request_id, entry)

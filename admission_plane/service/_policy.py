@@ -1,6 +1,15 @@
-"""The durable policy shared by every opener of a plane, and the original's soft drain from 3 seats to 1."""
+"""The durable policy shared by every opener of a plane: the original's claim and soft drain from
+3 seats to 1, and (policy v2) live revisions that every connector applies at its next transaction.
+
+Which policy is in force (:func:`effective`): a live revision once one was set (the whole
+policy, v2 parts included); before that, the original's rule: the claimed durable row
+decides the seat count, the plane's own :class:`~admission_plane.Policy` the rest.
+"""
 
 from __future__ import annotations
+
+import functools
+import json
 
 import attrs
 
@@ -8,12 +17,23 @@ from .. import _validate as v
 from ..crypto import policy_fingerprint
 from ..errors import AdmissionRuntimeError, InvalidInputError
 from ..policy import Policy
-from ..states import DrainState, EventKind
+from ..states import POLICY_EVENT_ID, DrainState, EventKind
 from ..store.doorbell import Bell
 from ..store.rows import PolicyRow
 from ..store.statements.admission import COUNT_SEAT_LEASES
-from ..store.statements.policy import INSERT_POLICY_IF_ABSENT, SELECT_POLICY, START_DRAIN
+from ..store.statements.policy import (
+    APPLY_REVISION,
+    INSERT_POLICY_IF_ABSENT,
+    INSERT_REVISED_POLICY,
+    INSERT_REVISION,
+    LATEST_REVISION,
+    SELECT_POLICY,
+    SELECT_REVISIONS,
+    START_DRAIN,
+)
 from ..store.tx import Tx
+from ..values import PolicyRevision
+from . import _journal
 from ._context import PlaneContext
 from ._transitions import DrainCompletion, change
 
@@ -137,9 +157,147 @@ def _assert_matches(tx: Tx, policy: Policy, fingerprint_hex: str) -> None:
     )
     if stored != policy.as_tuple() or row.policy_fingerprint != fingerprint_hex:
         raise AdmissionRuntimeError("durable policy does not match shared runtime policy")
+    if row.revision and (not isinstance(row.document, str) or revised_policy(row) != policy):
+        raise AdmissionRuntimeError("durable policy does not match shared runtime policy")
 
 
 def _integer(value: object, label: str) -> int:
     if not v.is_safe_integer(value) or value < 0:
         raise AdmissionRuntimeError(f"{label} is invalid")
     return value
+
+
+# --- policy v2: the policy in force and its live revisions -----------------------------------------
+
+#: The most revisions :func:`history` returns at once.
+MAX_HISTORY = 1000
+
+
+@attrs.frozen
+class Effective:
+    """The policy in force for one transaction.
+
+    ``seat_limit`` is ``None`` while a soft drain is in progress (nothing is admitted).
+    """
+
+    policy: Policy
+    seat_limit: int | None
+    revision: int
+    created_at: int
+
+
+def effective(ctx: PlaneContext, tx: Tx) -> Effective:
+    """The policy in force, read in ``tx`` (one statement; a revision's document is parsed once)."""
+    row = tx.one(SELECT_POLICY)
+    if row is None:
+        return Effective(ctx.policy, ctx.policy.max_active_turns, 0, 0)
+    seats = seat_limit(ctx, row)
+    revision = row.revision
+    if revision:
+        if not isinstance(row.document, str):
+            raise AdmissionRuntimeError("durable policy revision is missing")
+        return Effective(revised_policy(row), seats, _integer(revision, "durable policy revision"), 0)
+    return Effective(ctx.policy, seats, 0, 0)
+
+
+def revised_policy(row: PolicyRow) -> Policy:
+    """The revision in force, with the row's seat count: a soft drain completed since the revision was set
+    changed the seats (3 to 1) in the row only."""
+    policy = parse_document(row.document)
+    seats = _integer(row.max_active_turns, "durable policy max_active_turns")
+    if seats == policy.max_active_turns:
+        return policy
+    try:
+        return attrs.evolve(policy, max_active_turns=seats)
+    except InvalidInputError as error:
+        raise AdmissionRuntimeError(str(error)) from None
+
+
+@functools.lru_cache(maxsize=64)
+def parse_document(document: str) -> Policy:
+    """A revision's policy; :class:`AdmissionRuntimeError` if the stored document is not one."""
+    try:
+        return Policy.from_json(document)
+    except InvalidInputError as error:
+        raise AdmissionRuntimeError(f"durable policy revision is invalid: {error}") from None
+
+
+def set_policy(ctx: PlaneContext, policy: Policy, now: int) -> PolicyRevision:
+    """Put ``policy`` in force as the next revision, for every connector at its next transaction.
+
+    Running turns are never preempted: a lowered limit holds back admission until it holds.
+    A soft drain in progress ends (the revision says how many seats there are).
+    """
+    if not isinstance(policy, Policy):
+        raise InvalidInputError("policy must be an admission_plane.Policy")
+    v.timestamp(now, "policy revision timestamp")
+    policy.check_durable()
+    fingerprint_hex = policy_fingerprint(ctx.keys.require_content(), policy.as_tuple())
+    document = json.dumps(policy.to_json(), sort_keys=True, separators=(",", ":"))
+
+    def work(tx: Tx) -> PolicyRevision:
+        revision = (tx.scalar(LATEST_REVISION) or 0) + 1
+        tx.execute(INSERT_REVISION, {"revision": revision, "now": now, "document": document})
+        row = tx.one(SELECT_POLICY)
+        params = {
+            **{name: getattr(policy, name) for name in _SEED_FIELDS},
+            "policy_fingerprint": fingerprint_hex,
+            "now": now,
+            "owner_instance_id": ctx.owner_identity.owner_instance_id,
+            "revision": revision,
+        }
+        tx.execute(INSERT_REVISED_POLICY if row is None else APPLY_REVISION, params)
+        source = DrainState.STEADY if row is None else drain_state_of(row)
+        target = DrainState.STEADY.journal_token
+        _journal.record(ctx, tx, EventKind.POLICY_REVISED, POLICY_EVENT_ID, source.journal_token, target, now)
+        tx.ring(Bell.EVERYONE)  # a raised limit may admit anyone
+        return PolicyRevision(revision, now, policy)
+
+    return ctx.run(work)
+
+
+def current(ctx: PlaneContext) -> PolicyRevision:
+    """The policy in force (revision 0: none set yet; then the durable seats and this plane's policy)."""
+
+    def work(tx: Tx) -> PolicyRevision:
+        found = effective(ctx, tx)
+        if found.revision:
+            rows = [row for row in tx.all(SELECT_REVISIONS, {"limit": 1}) if row.revision == found.revision]
+            created = rows[0].created_at if rows else 0
+            return PolicyRevision(found.revision, created, found.policy)
+        row = tx.one(SELECT_POLICY)
+        if row is None:
+            return PolicyRevision(0, 0, ctx.policy)
+        seats, starts, interval, timeout, cooldown = (
+            _integer(getattr(row, name), f"durable policy {name}") for name in _SEED_FIELDS
+        )
+        try:
+            durable = attrs.evolve(
+                ctx.policy,
+                max_active_turns=seats,
+                max_concurrent_starts=starts,
+                min_start_interval_ms=interval,
+                queue_timeout_ms=timeout,
+                capacity_cooldown_ms=cooldown,
+            )
+            return PolicyRevision(0, 0, durable)
+        except InvalidInputError as error:
+            raise AdmissionRuntimeError(str(error)) from None
+
+    return ctx.run(work, read_only=True)
+
+
+def history(ctx: PlaneContext, limit: int) -> tuple[PolicyRevision, ...]:
+    """The newest ``limit`` revisions, newest first."""
+    v.positive_integer(limit, "policy history limit", MAX_HISTORY)
+    rows = ctx.run(lambda tx: tx.all(SELECT_REVISIONS, {"limit": limit}), read_only=True)
+    return tuple(PolicyRevision(row.revision, row.created_at, parse_document(row.document)) for row in rows)
+
+
+_SEED_FIELDS = (
+    "max_active_turns",
+    "max_concurrent_starts",
+    "min_start_interval_ms",
+    "queue_timeout_ms",
+    "capacity_cooldown_ms",
+)

@@ -41,6 +41,14 @@ ADMISSION_TABLES = (
     "events",
     "policy_state",
     "queued_owner_instances",
+    # Revision 0006 (policy v2):
+    "policy_revisions",
+    "admission_pauses",
+    "lane_credits",
+    "queue_entries",
+    "queue_sessions",
+    "queue_agents",
+    "queue_keys",
 )
 
 
@@ -74,6 +82,8 @@ class TurnRequest(Base):
         ),
         # Revision 0005: the queue-timeout sweep reads only the rows that expire.
         Index("turn_requests_state_deadline", "state", "deadline_at"),
+        # Revision 0006: a session's requests, for its limit at enqueue.
+        Index("turn_requests_session_state", "session_id", "state"),
     )
 
     request_id: Mapped[str] = mapped_column(Text, primary_key=True)
@@ -89,6 +99,8 @@ class TurnRequest(Base):
     terminal_at: Mapped[int | None] = mapped_column(Int64)
     queued_owner_instance_id: Mapped[str | None] = mapped_column(Text)
     queued_owner_recorded_at: Mapped[int | None] = mapped_column(Int64)
+    #: The priority lane (revision 0006; requests written before it are in ``default``).
+    lane: Mapped[str] = mapped_column(Text, nullable=False, server_default=text("'default'"))
 
     lease: Mapped[Lease | None] = relationship(back_populates="request", uselist=False)
     payload: Mapped[TurnPayload | None] = relationship(back_populates="request", uselist=False)
@@ -269,6 +281,117 @@ class PolicyState(Base):
     policy_fingerprint: Mapped[str] = mapped_column(Text, nullable=False)
     updated_at: Mapped[int] = mapped_column(Int64, nullable=False)
     updated_by_owner_instance_id: Mapped[str] = mapped_column(Text, nullable=False)
+    #: The live policy revision in force (revision 0006; 0: the claimed seed-shaped policy only).
+    revision: Mapped[int] = mapped_column(Int64, nullable=False, server_default=text("0"))
+
+
+class PolicyRevision(Base):
+    """Every live policy revision: when it was set and the whole policy as JSON (no identifiers)."""
+
+    __tablename__ = "policy_revisions"
+
+    revision: Mapped[int] = mapped_column(Int64, primary_key=True, autoincrement=False)
+    created_at: Mapped[int] = mapped_column(Int64, nullable=False)
+    document: Mapped[str] = mapped_column(Text, nullable=False)
+
+
+class AdmissionPause(Base):
+    """A paused part of the plane: ``('', '', '')`` everything, ``(lane, '', '')`` a lane,
+    ``('', provider, model)`` a provider/model key."""
+
+    __tablename__ = "admission_pauses"
+    __table_args__ = (PrimaryKeyConstraint("lane", "provider", "model"),)
+
+    lane: Mapped[str] = mapped_column(Text, nullable=False)
+    provider: Mapped[str] = mapped_column(Text, nullable=False)
+    model: Mapped[str] = mapped_column(Text, nullable=False)
+    since: Mapped[int] = mapped_column(Int64, nullable=False)
+
+
+class LaneCredit(Base):
+    """What each lane may still take in the current round of the weighted share between lanes."""
+
+    __tablename__ = "lane_credits"
+
+    lane: Mapped[str] = mapped_column(Text, primary_key=True)
+    credits: Mapped[int] = mapped_column(Int64, nullable=False)
+
+
+# --- the admission index (revision 0006) ---------------------------------------------------------
+# Queued requests with a payload, and the head (oldest entry) of every group they form:
+# lane > provider/model key > agent > session. Admission walks heads, skipping whole groups
+# that are ineligible, so its cost follows the number of ineligible *groups* it meets (a
+# few: they hold seats, cool down or are paused), never the number of queued requests.
+
+
+class QueueEntry(Base):
+    """A queued request that has its payload: admissible, subject to the policy."""
+
+    __tablename__ = "queue_entries"
+    __table_args__ = (
+        Index(
+            "queue_entries_group", "lane", "provider", "model", "agent_id", "session_id", "enqueued_at", "request_id"
+        ),
+    )
+
+    request_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    lane: Mapped[str] = mapped_column(Text, nullable=False)
+    provider: Mapped[str] = mapped_column(Text, nullable=False)
+    model: Mapped[str] = mapped_column(Text, nullable=False)
+    agent_id: Mapped[str] = mapped_column(Text, nullable=False)
+    session_id: Mapped[str] = mapped_column(Text, nullable=False)
+    enqueued_at: Mapped[int] = mapped_column(Int64, nullable=False)
+
+
+class QueueSession(Base):
+    """The oldest entry of one (lane, provider, model, agent, session) group."""
+
+    __tablename__ = "queue_sessions"
+    __table_args__ = (
+        PrimaryKeyConstraint("lane", "provider", "model", "agent_id", "session_id"),
+        Index("queue_sessions_order", "lane", "provider", "model", "agent_id", "head_enqueued_at", "head_request_id"),
+    )
+
+    lane: Mapped[str] = mapped_column(Text, nullable=False)
+    provider: Mapped[str] = mapped_column(Text, nullable=False)
+    model: Mapped[str] = mapped_column(Text, nullable=False)
+    agent_id: Mapped[str] = mapped_column(Text, nullable=False)
+    session_id: Mapped[str] = mapped_column(Text, nullable=False)
+    head_enqueued_at: Mapped[int] = mapped_column(Int64, nullable=False)
+    head_request_id: Mapped[str] = mapped_column(Text, nullable=False)
+
+
+class QueueAgent(Base):
+    """The oldest entry of one (lane, provider, model, agent) group."""
+
+    __tablename__ = "queue_agents"
+    __table_args__ = (
+        PrimaryKeyConstraint("lane", "provider", "model", "agent_id"),
+        Index("queue_agents_order", "lane", "provider", "model", "head_enqueued_at", "head_request_id"),
+    )
+
+    lane: Mapped[str] = mapped_column(Text, nullable=False)
+    provider: Mapped[str] = mapped_column(Text, nullable=False)
+    model: Mapped[str] = mapped_column(Text, nullable=False)
+    agent_id: Mapped[str] = mapped_column(Text, nullable=False)
+    head_enqueued_at: Mapped[int] = mapped_column(Int64, nullable=False)
+    head_request_id: Mapped[str] = mapped_column(Text, nullable=False)
+
+
+class QueueKey(Base):
+    """The oldest entry of one (lane, provider, model) group."""
+
+    __tablename__ = "queue_keys"
+    __table_args__ = (
+        PrimaryKeyConstraint("lane", "provider", "model"),
+        Index("queue_keys_order", "lane", "head_enqueued_at", "head_request_id"),
+    )
+
+    lane: Mapped[str] = mapped_column(Text, nullable=False)
+    provider: Mapped[str] = mapped_column(Text, nullable=False)
+    model: Mapped[str] = mapped_column(Text, nullable=False)
+    head_enqueued_at: Mapped[int] = mapped_column(Int64, nullable=False)
+    head_request_id: Mapped[str] = mapped_column(Text, nullable=False)
 
 
 class QueuedOwnerInstance(Base):
@@ -294,13 +417,20 @@ metadata = Base.metadata
 
 __all__ = [
     "ADMISSION_TABLES",
+    "AdmissionPause",
     "Base",
     "Cooldown",
     "Event",
     "Int64",
+    "LaneCredit",
     "Lease",
     "LeaseProcessIdentity",
+    "PolicyRevision",
     "PolicyState",
+    "QueueAgent",
+    "QueueEntry",
+    "QueueKey",
+    "QueueSession",
     "QueuedOwnerInstance",
     "SchemaMigration",
     "SessionRecord",

@@ -28,12 +28,19 @@ from ..states import RequestState
 
 __all__ = [
     "Candidate",
+    "CooldownRow",
+    "CreditRow",
     "DispatchRow",
+    "EntryRow",
     "EventRow",
+    "HeadRow",
     "IdentityRow",
+    "KeyHeadRow",
     "LeaseRow",
     "LeaseWithRequestRow",
+    "MemberHeadRow",
     "OwnerRow",
+    "PauseRow",
     "PayloadRow",
     "PolicyRow",
     "QueuedEntry",
@@ -41,7 +48,9 @@ __all__ = [
     "RequestMeta",
     "RequestRow",
     "RequestStatus",
+    "RevisionRow",
     "Row",
+    "SeatRow",
     "WaiterEntry",
     "as_params",
 ]
@@ -132,12 +141,13 @@ class Row:
 class RequestMeta(Row):
     """A request's immutable metadata (what an idempotent enqueue compares)."""
 
-    CHECKS = _checks(text="session_id agent_id fingerprint provider model")
+    CHECKS = _checks(text="session_id agent_id fingerprint provider model lane")
     session_id: Any
     agent_id: Any
     fingerprint: Any
     provider: Any
     model: Any
+    lane: Any
 
 
 @attrs.frozen
@@ -376,3 +386,105 @@ class PolicyRow(Row):
     capacity_cooldown_ms: Any
     drain_state: Any
     policy_fingerprint: Any
+    revision: Any
+    document: Any
+
+
+# --- policy v2 ------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class RevisionRow(Row):
+    """A live policy revision (its document is parsed and checked by :meth:`Policy.from_json`)."""
+
+    CHECKS = _checks(integer="revision created_at", text="document")
+    revision: Any
+    created_at: Any
+    document: Any
+
+
+@attrs.frozen
+class PauseRow(Row):
+    """A paused scope (``''`` where a part is not named)."""
+
+    CHECKS = _checks(text="lane provider model", integer="since")
+    lane: Any
+    provider: Any
+    model: Any
+    since: Any
+
+
+@attrs.frozen
+class CreditRow(Row):
+    """A lane's credits in the current round of the weighted share."""
+
+    CHECKS = _checks(text="lane", integer="credits")
+    lane: Any
+    credits: Any
+
+
+@attrs.frozen
+class CooldownRow(Row):
+    """A provider/model cooling down until ``not_before``."""
+
+    CHECKS = _checks(text="provider model", integer="not_before")
+    provider: Any
+    model: Any
+    not_before: Any
+
+
+@attrs.frozen
+class SeatRow(Row):
+    """A seat-holding lease and what admission counts it against."""
+
+    CHECKS = _checks(state="phase", integer="acquired_at", text="provider model agent_id session_id")
+    phase: Any
+    acquired_at: Any
+    provider: Any
+    model: Any
+    agent_id: Any
+    session_id: Any
+
+
+@attrs.frozen
+class EntryRow(Row):
+    """A queued request's place in the admission index."""
+
+    CHECKS = _checks(text="lane provider model agent_id session_id", integer="enqueued_at")
+    lane: Any
+    provider: Any
+    model: Any
+    agent_id: Any
+    session_id: Any
+    enqueued_at: Any
+
+
+@attrs.frozen
+class HeadRow(Row):
+    """The oldest entry of a group: ``(enqueued_at, request_id)``."""
+
+    CHECKS = _checks(integer="head_enqueued_at", text="head_request_id")
+    head_enqueued_at: Any
+    head_request_id: Any
+
+
+@attrs.frozen
+class KeyHeadRow(Row):
+    """A (lane, provider, model) group and its head."""
+
+    CHECKS = _checks(text="lane provider model head_request_id", integer="head_enqueued_at")
+    lane: Any
+    provider: Any
+    model: Any
+    head_enqueued_at: Any
+    head_request_id: Any
+
+
+@attrs.frozen
+class MemberHeadRow(Row):
+    """An agent (or session) group inside its parent group, and its head."""
+
+    CHECKS = _checks(text="member head_request_id", integer="head_enqueued_at")
+    member: Any
+    head_enqueued_at: Any
+    head_request_id: Any

@@ -144,13 +144,15 @@ def _check_ledger_and_tables(
         raise SchemaIntegrityError(f"schema version {newest} is newer than this connector supports")
     if sorted(rows) != list(LEDGER):
         raise SchemaIntegrityError("schema_migrations ledger rows do not match the schema contract")
-    present = {name for name in tables if not name.startswith("sqlite_") and name != VERSION_TABLE}
-    _compare_names("table", present, set(spec.tables))
+    # The revision before the tables: a database at an older revision lacks the newer tables, and
+    # "not at revision X" is what its operator needs to hear (upgrade it), not which table is missing.
     seed_written = spec.revision == SEED_REVISION and VERSION_TABLE not in tables
     if not seed_written and (
         VERSION_TABLE not in tables or query(f"SELECT version_num FROM {VERSION_TABLE}") != [(spec.revision,)]
     ):
         raise SchemaIntegrityError(f"{VERSION_TABLE} does not hold revision {spec.revision}")
+    present = {name for name in tables if not name.startswith("sqlite_") and name != VERSION_TABLE}
+    _compare_names("table", present, set(spec.tables))
     for table in spec.tables:
         if actual(table) != expected(table):
             raise SchemaIntegrityError(f"table {table} columns do not match the schema contract")
@@ -261,7 +263,8 @@ def _check_postgresql(query: Query, spec: Spec, owned: Owned) -> None:
 
     def expected(table: str) -> tuple[tuple[Any, ...], ...]:
         return tuple(
-            (c.name, _PG_TYPES[c.type], c.notnull or c.pk > 0, c.pk, c.default, c.identity) for c in spec.tables[table]
+            (c.name, _PG_TYPES[c.type], c.notnull or c.pk > 0, c.pk, c.pg_default or c.default, c.identity)
+            for c in spec.tables[table]
         )
 
     tables = {name for name in _table_names(query, "postgresql") if owned(name)}

@@ -8,7 +8,7 @@ connector's, exactly; :data:`EXTENSIONS` lists what our own revisions add.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import SchemaIntegrityError
 
@@ -45,6 +45,8 @@ class Column:
     pk: int = 0
     default: str | None = None
     identity: bool = False
+    #: The default as PostgreSQL's catalogue prints it, where it differs (``'x'::text``).
+    pg_default: str | None = None
 
 
 def _columns(*specs: str) -> tuple[Column, ...]:
@@ -54,7 +56,8 @@ def _columns(*specs: str) -> tuple[Column, ...]:
         name, type_, *flags = spec.split()
         pk = next((int(flag[2:] or 1) for flag in flags if flag.startswith("PK")), 0)
         default = flags[flags.index("DEFAULT") + 1] if "DEFAULT" in flags else None
-        parsed.append(Column(name, type_, "NN" in flags, pk, default, "IDENTITY" in flags))
+        pg_default = f"{default}::text" if type_ == "TEXT" and default is not None else None
+        parsed.append(Column(name, type_, "NN" in flags, pk, default, "IDENTITY" in flags, pg_default))
     return tuple(parsed)
 
 
@@ -290,11 +293,12 @@ SEED_REVISION = "0003_seed_v3"
 
 @dataclass(frozen=True)
 class Extension:
-    """One of our revisions after the seed's v3: columns appended to tables, and new indexes."""
+    """One of our revisions after the seed's v3: columns appended to tables, new indexes, new tables."""
 
     revision: str
     columns: dict[str, tuple[Column, ...]]
     indexes: tuple[Index, ...] = ()
+    tables: dict[str, tuple[Column, ...]] = field(default_factory=dict)
 
 
 #: Our revisions after v3, in order. A database at one of them is no longer the seed's schema.
@@ -310,6 +314,72 @@ EXTENSIONS: tuple[Extension, ...] = (
         "0005_queue_deadline_index",
         {},
         (Index("turn_requests_state_deadline", "turn_requests", ("state", "deadline_at")),),
+    ),
+    Extension(
+        "0006_policy_v2",
+        {
+            "turn_requests": _columns("lane TEXT NN DEFAULT 'default'"),
+            "policy_state": _columns("revision INTEGER NN DEFAULT 0"),
+        },
+        (
+            Index("turn_requests_session_state", "turn_requests", ("session_id", "state")),
+            Index(
+                "queue_entries_group",
+                "queue_entries",
+                ("lane", "provider", "model", "agent_id", "session_id", "enqueued_at", "request_id"),
+            ),
+            Index(
+                "queue_sessions_order",
+                "queue_sessions",
+                ("lane", "provider", "model", "agent_id", "head_enqueued_at", "head_request_id"),
+            ),
+            Index(
+                "queue_agents_order",
+                "queue_agents",
+                ("lane", "provider", "model", "head_enqueued_at", "head_request_id"),
+            ),
+            Index("queue_keys_order", "queue_keys", ("lane", "head_enqueued_at", "head_request_id")),
+        ),
+        {
+            "policy_revisions": _columns("revision INTEGER PK NN", "created_at INTEGER NN", "document TEXT NN"),
+            "admission_pauses": _columns(
+                "lane TEXT NN PK1", "provider TEXT NN PK2", "model TEXT NN PK3", "since INTEGER NN"
+            ),
+            "lane_credits": _columns("lane TEXT PK NN", "credits INTEGER NN"),
+            "queue_entries": _columns(
+                "request_id TEXT PK NN",
+                "lane TEXT NN",
+                "provider TEXT NN",
+                "model TEXT NN",
+                "agent_id TEXT NN",
+                "session_id TEXT NN",
+                "enqueued_at INTEGER NN",
+            ),
+            "queue_sessions": _columns(
+                "lane TEXT NN PK1",
+                "provider TEXT NN PK2",
+                "model TEXT NN PK3",
+                "agent_id TEXT NN PK4",
+                "session_id TEXT NN PK5",
+                "head_enqueued_at INTEGER NN",
+                "head_request_id TEXT NN",
+            ),
+            "queue_agents": _columns(
+                "lane TEXT NN PK1",
+                "provider TEXT NN PK2",
+                "model TEXT NN PK3",
+                "agent_id TEXT NN PK4",
+                "head_enqueued_at INTEGER NN",
+                "head_request_id TEXT NN",
+            ),
+            "queue_keys": _columns(
+                "lane TEXT NN PK1",
+                "provider TEXT NN PK2",
+                "model TEXT NN PK3",
+                "head_enqueued_at INTEGER NN",
+                "head_request_id TEXT NN",
+            ),
+        },
     ),
 )
 #: The Alembic revision the service layer requires (``alembic_version`` must hold it).
@@ -335,6 +405,7 @@ def expected_spec(revision: str = EXPECTED_REVISION) -> Spec:
     for extension in EXTENSIONS:
         for table, columns in extension.columns.items():
             tables[table] = tables[table] + columns
+        tables.update(extension.tables)
         indexes = indexes + extension.indexes
         if extension.revision == revision:
             return Spec(revision, tables, indexes)
@@ -349,8 +420,9 @@ def foreign_tables(names: Iterable[str]) -> list[str]:
     refuses a database holding any other table, and the schema check reports it, unless
     sharing the database was allowed (``allow_foreign_tables=True``).
     """
+    owned = set(TABLES).union(*(extension.tables for extension in EXTENSIONS))
     return sorted(
-        name for name in set(names) if name not in TABLES and name != VERSION_TABLE and not name.startswith("sqlite_")
+        name for name in set(names) if name not in owned and name != VERSION_TABLE and not name.startswith("sqlite_")
     )
 
 

@@ -7,6 +7,7 @@ session, request id or payload.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import attrs
@@ -14,7 +15,17 @@ from sqlalchemy import Engine, case, func, select
 
 from ..states import SEAT_PHASES, RequestState
 from .engine import deferred
-from .model import Cooldown, Event, Lease, PolicyState, TurnPayload, TurnRequest
+from .model import (
+    AdmissionPause,
+    Cooldown,
+    Event,
+    Lease,
+    PolicyRevision,
+    PolicyState,
+    QueueEntry,
+    TurnPayload,
+    TurnRequest,
+)
 
 __all__ = ["PlaneStatus", "read_status"]
 
@@ -36,6 +47,17 @@ class PlaneStatus:
     drain_state: str | None
     event_count: int
     last_event_seq: int
+    #: The live policy revision in force (0: none set) and its policy document (``Policy.to_json``).
+    policy_revision: int = 0
+    policy_document: dict[str, Any] | None = None
+    #: Queued requests by lane: ``{lane: (queued, with payload)}``.
+    queue_by_lane: dict[str, tuple[int, int]] = attrs.field(factory=dict)
+    #: Per provider/model key: ``(provider, model, queued, seats held)``.
+    keys: tuple[tuple[str, str, int, int], ...] = ()
+    #: How many sessions hold as many seats as the per-session limit allows (``None``: no limit).
+    sessions_at_limit: int | None = None
+    #: Paused scopes: ``(lane, provider, model, since)``, ``''`` where the scope names no part.
+    pauses: tuple[tuple[str, str, str, int], ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         """A JSON-ready mapping (cooldowns as objects with ``remaining_ms``)."""
@@ -53,6 +75,18 @@ class PlaneStatus:
                 "capacity_cooldown_ms",
             )
             data["durable_policy"] = dict(zip(names, self.durable_policy, strict=True))
+        data["queue_by_lane"] = {
+            lane: {"queued": queued, "with_payload": ready} for lane, (queued, ready) in self.queue_by_lane.items()
+        }
+        data["keys"] = [
+            {"provider": provider, "model": model, "queued": queued, "seats": seats}
+            for provider, model, queued, seats in self.keys
+        ]
+        data["pauses"] = [
+            {"scope": _scope(lane, provider), "lane": lane or None, "provider": provider or None,
+             "model": model or None, "since": since}
+            for lane, provider, model, since in self.pauses
+        ]  # fmt: skip
         return data
 
 
@@ -94,7 +128,37 @@ def read_status(engine: Engine, now: int) -> PlaneStatus:
         event_count, last_seq = connection.execute(
             select(func.count(), func.coalesce(func.max(Event.event_seq), 0))
         ).one()
+        revision, document = connection.execute(
+            select(PolicyState.revision, PolicyRevision.document).outerjoin(
+                PolicyRevision, PolicyRevision.revision == PolicyState.revision
+            )
+        ).first() or (0, None)
+        lanes = connection.execute(
+            select(TurnRequest.lane, func.count()).where(queued).group_by(TurnRequest.lane)
+        ).all()
+        ready_lanes = dict(connection.execute(select(QueueEntry.lane, func.count()).group_by(QueueEntry.lane)).all())
+        queued_keys = connection.execute(
+            select(TurnRequest.provider, TurnRequest.model, func.count())
+            .where(queued)
+            .group_by(TurnRequest.provider, TurnRequest.model)
+        ).all()
+        held = connection.execute(
+            select(TurnRequest.provider, TurnRequest.model, TurnRequest.session_id)
+            .join(Lease, Lease.request_id == TurnRequest.request_id)
+            .where(Lease.phase.in_(seat_phases))
+        ).all()
+        pauses = connection.execute(
+            select(AdmissionPause.lane, AdmissionPause.provider, AdmissionPause.model, AdmissionPause.since)
+        ).all()
     leases = {str(phase): int(count) for phase, count, _ in phases}
+    policy_document = json.loads(document) if isinstance(document, str) else None
+    seats_by_key: dict[tuple[str, str], int] = {}
+    seats_by_session: dict[str, int] = {}
+    for provider, model, session in held:
+        seats_by_key[(provider, model)] = seats_by_key.get((provider, model), 0) + 1
+        seats_by_session[session] = seats_by_session.get(session, 0) + 1
+    queued_by_key = {(str(p), str(m)): int(n) for p, m, n in queued_keys}
+    limit = None if policy_document is None else policy_document.get("max_turns_per_session")
     return PlaneStatus(
         now=now,
         requests_by_state={str(state): int(count) for state, count in sorted(by_state.items())},
@@ -109,6 +173,17 @@ def read_status(engine: Engine, now: int) -> PlaneStatus:
         drain_state=None if policy is None else str(policy.drain_state),
         event_count=int(event_count),
         last_event_seq=int(last_seq),
+        policy_revision=int(revision or 0),
+        policy_document=policy_document,
+        queue_by_lane={str(lane): (int(n), int(ready_lanes.get(lane, 0))) for lane, n in sorted(lanes)},
+        keys=tuple(
+            (provider, model, queued_by_key.get((provider, model), 0), seats_by_key.get((provider, model), 0))
+            for provider, model in sorted(set(queued_by_key) | set(seats_by_key))
+        ),
+        sessions_at_limit=None
+        if not isinstance(limit, int)
+        else sum(1 for held_seats in seats_by_session.values() if held_seats >= limit),
+        pauses=tuple((str(lane), str(p), str(m), int(since)) for lane, p, m, since in sorted(pauses)),
     )
 
 
@@ -120,3 +195,9 @@ def _policy_tuple(policy: Any) -> tuple[int, int, int, int, int]:
         int(policy.queue_timeout_ms),
         int(policy.capacity_cooldown_ms),
     )
+
+
+def _scope(lane: str, provider: str) -> str:
+    if lane:
+        return "lane"
+    return "key" if provider else "all"

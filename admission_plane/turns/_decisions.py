@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+
+from ..signals import RetryAfter, as_retry_after
 from ..states import FailureCategory, RequestState
 from ..values import LiveTurnCompletion, LiveTurnFailure
 
@@ -28,9 +32,19 @@ class TurnDecisions:
         http_status: int | None = None,
         code: str | None = None,
         reason: str | None = None,
+        retry_after: RetryAfter | float | timedelta | datetime | str | Mapping[str, str] | None = None,
     ) -> None:
-        """End the turn ``failed``; ``provider_capacity`` cools its provider/model down for every connector."""
-        failure = LiveTurnFailure(category, http_status=http_status, code=code, reason=reason)
+        """End the turn ``failed``; ``provider_capacity`` cools its provider/model down for every connector.
+
+        ``retry_after`` is when the provider said to come back (seconds, a timedelta, an aware
+        datetime, a ``Retry-After`` value, or the response's headers, read by
+        :func:`admission_plane.signals.retry_after_from_headers`): the cooldown then lasts until
+        then, capped by the policy's ``max_cooldown_ms``. A malformed signal raises
+        :class:`~admission_plane.errors.InvalidInputError` here, in the block.
+        """
+        failure = LiveTurnFailure(
+            category, http_status=http_status, code=code, reason=reason, retry_after=as_retry_after(retry_after)
+        )
         self._completion = LiveTurnCompletion(RequestState.FAILED, failure)
 
     @property

@@ -10,6 +10,7 @@ import attrs
 
 from .. import _validate as v
 from ..errors import AdmissionStateError, InvalidInputError
+from ..policy import DURABLE_BOUNDS
 from ..states import PromptChannel
 
 #: The request fingerprint used when the caller gives none (it is stored in clear: never derive it from the prompt).
@@ -71,7 +72,11 @@ def check_request(metadata: Mapping[str, object], prompt: object, command: objec
     """What a turn will enqueue and run, checked as given (:class:`InvalidInputError` before anything is enqueued):
     the request's metadata by enqueue's own rules, the prompt, and the ``command`` argv when given (returned as a
     tuple of strings)."""
-    v.request_metadata(**metadata)
+    fields = dict(metadata)
+    lane = fields.pop("lane", None)
+    if lane is not None:
+        v.identifier(lane, "request lane")
+    v.request_metadata(**fields)
     v.identifier(metadata["request_id"], "event correlation input")
     v.plaintext(prompt)
     return None if command is None else v.command(command, "turn command")
@@ -107,6 +112,14 @@ class RequestMetadata(TypedDict):
     fingerprint: str
     provider: str
     model: str
+    #: The policy lane (``None``: its first lane).
+    lane: str | None
+
+
+def payload_expiry(plane_timeout_ms: int, now: int, grace_ms: int) -> int:
+    """When a turn's sealed prompt expires: after the longest queue time-out the plane may apply
+    (a live policy may raise it up to the durable bound), plus the grace."""
+    return now + max(plane_timeout_ms, DURABLE_BOUNDS["queue_timeout_ms"][1] or 0) + grace_ms
 
 
 @attrs.frozen

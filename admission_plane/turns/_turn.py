@@ -23,6 +23,7 @@ from ._support import (
     DispatchRefusedError,
     TurnNotAdmittedError,
     check_turn,
+    payload_expiry,
 )
 
 T = TypeVar("T")
@@ -71,6 +72,7 @@ class Turn(TurnDecisions):
         provider: str,
         model: str,
         prompt: str,
+        lane: str | None = None,
         command: Sequence[str] | None = None,
         spawn: Spawn | None = None,
         write_prompt: WritePrompt | None = None,
@@ -95,6 +97,7 @@ class Turn(TurnDecisions):
                 "fingerprint": fingerprint,
                 "provider": provider,
                 "model": model,
+                "lane": lane,
             },
             prompt=prompt,
             command=command,
@@ -179,7 +182,7 @@ class Turn(TurnDecisions):
             **self._metadata,
             now=now,
             plaintext=prompt,
-            expires_at=now + self.plane.policy.queue_timeout_ms + self._payload_grace_ms,
+            expires_at=payload_expiry(self.plane.policy.queue_timeout_ms, now, self._payload_grace_ms),
         )
         self.enqueued_at = now
         self._stage = _Stage.QUEUED

@@ -1,25 +1,45 @@
 """Replay of the sanitized event journal: what each request went through, in commit order.
 
 The journal carries no identifiers, only a keyed correlation HMAC per request, so the
-replay tracks requests by that HMAC. SQLite serialises writers and ``event_seq`` is
-assigned inside the writing transaction, so ``event_seq`` order is commit order and the
-number of seat holders after each event is the number a reader could have observed.
+replay tracks requests by that HMAC. The replay runs in ``event_seq`` order, and that order
+is right for what it checks on both dialects:
+
+* SQLite serialises writers and ``event_seq`` is assigned inside the writing transaction,
+  so ``event_seq`` order is commit order.
+* PostgreSQL: lease units (``Gate.LEASE`` in ``admission_plane.store.unit_of_work``) commit
+  side by side, so two of them may commit in the other order than their sequence numbers.
+  But (1) every event that takes a seat (``request_admitted``) is written by an admission
+  unit, which runs alone: every event committed before it has a lower number and every
+  event committed after it a higher one; (2) the events of one request are in commit order,
+  since a lease unit locks the lease row before it writes, and units of one lease follow
+  each other; (3) every other event only keeps or lowers the number of seat holders. So
+  between two admissions the true count only falls, in whatever order the lease units
+  committed, and the count replayed right after each admission is exact: the replayed
+  maximum is the true maximum, and the per-request checks see each request's true history.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any
 
 import attrs
 
-from admission_plane.states import ABSENT, SEAT_PHASES, EventKind, RequestState
+from admission_plane.states import ABSENT, SEAT_PHASES, START_WINDOW_PHASES, EventKind, RequestState
 
 #: Events that end a seat while the request's state (``recovery_required``) is still a seat phase.
 _SEAT_FREEING_KINDS = frozenset({EventKind.REQUEST_RECOVERY_SEAT_RELEASED, EventKind.OPERATOR_SEAT_RELEASED})
-#: Events that concern no request (a policy change, a recovery row the reaper could not trust).
-_NOT_A_REQUEST = frozenset({EventKind.POLICY_DRAIN_COMPLETED, EventKind.RECOVERY_ROW_RETAINED})
+#: Events that concern no request (a policy change, a recovery row the reaper could not trust, a pause or resume).
+_NOT_A_REQUEST = frozenset(
+    {
+        EventKind.POLICY_DRAIN_COMPLETED,
+        EventKind.RECOVERY_ROW_RETAINED,
+        EventKind.POLICY_REVISED,
+        EventKind.ADMISSION_PAUSED,
+        EventKind.ADMISSION_RESUMED,
+    }
+)
 
 
 @attrs.frozen
@@ -85,6 +105,49 @@ def replay(events: Iterable[Any]) -> JournalReplay:
     )
 
 
+@attrs.frozen
+class Moment:
+    """The journal just after one event: who holds a seat and who is in the start window, by correlation."""
+
+    event: Any
+    holding: frozenset[str]
+    starting: frozenset[str]
+
+
+def timeline(events: Iterable[Any]) -> Iterator[Moment]:
+    """Every event in ``event_seq`` order with the seat holders and start-window leases just after it (policy,
+    pause and recovery-row events included, with the holders unchanged)."""
+    holding: set[str] = set()
+    starting: set[str] = set()
+    for event in sorted(events, key=lambda e: e.event_seq):
+        if event.kind not in _NOT_A_REQUEST:
+            correlation, kind, to_state = event.correlation_hmac, event.kind, event.to_state
+            if to_state in SEAT_PHASES and kind not in _SEAT_FREEING_KINDS:
+                holding.add(correlation)
+            else:
+                holding.discard(correlation)
+            if to_state in START_WINDOW_PHASES:
+                starting.add(correlation)
+            else:
+                starting.discard(correlation)
+        yield Moment(event, frozenset(holding), frozenset(starting))
+
+
+def most_at_once(
+    moments: Iterable[Moment], group_of: Callable[[str], Hashable | None], *, starts: bool = False
+) -> Counter[Any]:
+    """The most seat holders (``starts``: start-window leases) each group had at any one moment; ``group_of`` maps a
+    correlation to its group (``None``: counted in no group)."""
+    most: Counter[Any] = Counter()
+    for moment in moments:
+        now: Counter[Any] = Counter(
+            group for group in map(group_of, moment.starting if starts else moment.holding) if group is not None
+        )
+        for group, held in now.items():
+            most[group] = max(most[group], held)
+    return most
+
+
 def read_journal(plane: Any, page: int = 1000) -> Iterator[Any]:
     """Every event of ``plane``'s journal through ``read_sanitized_events`` (so every row is allowlist-checked)."""
     cursor = 0
@@ -96,4 +159,4 @@ def read_journal(plane: Any, page: int = 1000) -> Iterator[Any]:
         cursor = events[-1].event_seq
 
 
-__all__ = ["JournalReplay", "read_journal", "replay"]
+__all__ = ["JournalReplay", "Moment", "most_at_once", "read_journal", "replay", "timeline"]

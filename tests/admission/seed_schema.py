@@ -477,14 +477,26 @@ def master_sql(path: Path) -> dict[tuple[str, str], str | None]:
         }
 
 
-def without_host_ids(rows: dict[str, list[dict[str, object]]]) -> dict[str, list[dict[str, object]]]:
-    """Drop revision 0004's ``host_id`` columns after checking that adopted rows hold NULL there."""
+#: The columns our revisions after v3 add to the seed's tables, with the value every adopted row holds there:
+#: 0004's ``host_id`` (NULL: written on this host), 0006's ``lane`` (the default lane) and ``revision`` (no live
+#: policy revision yet).
+OUR_COLUMNS: dict[str, dict[str, object]] = {
+    "turn_requests": {"lane": "default"},
+    "lease_process_identities": {"host_id": None},
+    "queued_owner_instances": {"host_id": None},
+    "policy_state": {"revision": 0},
+}
+
+
+def without_our_columns(rows: dict[str, list[dict[str, object]]]) -> dict[str, list[dict[str, object]]]:
+    """Drop the columns of :data:`OUR_COLUMNS` after checking that every adopted row holds their adoption value."""
     stripped = {}
     for table, table_rows in rows.items():
+        added = OUR_COLUMNS.get(table, {})
         stripped[table] = []
         for row in table_rows:
-            if "host_id" in row:
-                assert row["host_id"] is None, table
-                row = {key: value for key, value in row.items() if key != "host_id"}
-            stripped[table].append(row)
+            for column, value in added.items():
+                if column in row:
+                    assert row[column] == value, (table, column, row[column])
+            stripped[table].append({key: value for key, value in row.items() if key not in added})
     return stripped

@@ -6,6 +6,10 @@ speaks one JSON object per line on stdout. Roles:
 
 ``race <db> <index> <seconds> <policy-json> <seed>``
     Drives whole turns on wall-clock time until the deadline, then prints one report.
+``race-v2 <db> <index> <seconds> <policy-v2-json> <seed> [no-capacity-failures]``
+    The same with a whole policy v2 (``Policy.to_json``'s shape) and turns in random lanes, provider/model
+    keys and sessions shared with every other worker; the report also names the policy revision the
+    worker's plane sees at the end (it never reopens the plane).
 ``reaper-loop <db> <seconds> <interval-ms> <policy-json>``
     Calls ``reap_suspects`` with live ``/proc`` readers every interval, then prints totals.
 ``reaper <db> <policy-json>``
@@ -241,8 +245,11 @@ def _still_queued(plane: AdmissionPlane, request_id: str) -> bool:
     return stored is not None and stored.state == "queued"
 
 
-def drive_turn(plane: AdmissionPlane, lease: AdmittedLease, tally: Tally, rng: random.Random) -> None:
-    """Take one admitted lease to an end: abandoned, completed (maybe a capacity failure) or a released recovery."""
+def drive_turn(
+    plane: AdmissionPlane, lease: AdmittedLease, tally: Tally, rng: random.Random, *, capacity_failures: bool = True
+) -> None:
+    """Take one admitted lease to an end: abandoned, completed (maybe a capacity failure, unless
+    ``capacity_failures`` is false) or a released recovery."""
 
     def abandon(label: str) -> None:
         outcome = rng.choice(("cancelled", "failed"))
@@ -291,7 +298,7 @@ def drive_turn(plane: AdmissionPlane, lease: AdmittedLease, tally: Tally, rng: r
         if fate < 0.12:
             end_in_recovery(plane, lease, tally, child)
             return
-        if fate < 0.35:
+        if fate < 0.35 and capacity_failures:
             completion = LiveTurnCompletion("failed", LiveTurnFailure("provider_capacity", http_status=503))
             label = "capacity_failed"
         elif fate < 0.45:
@@ -319,6 +326,60 @@ def end_in_recovery(plane: AdmissionPlane, lease: AdmittedLease, tally: Tally, c
         tally.violations.append("release_exited_recovery_seat refused")
         return
     tally.counts["recovery_released"] += 1
+
+
+# --- race with policy v2 --------------------------------------------------------------------------
+
+#: The provider/model keys and the sessions (shared by every worker) of the policy v2 race.
+V2_KEYS = (("p1", "m1"), ("p1", "m2"), ("p2", "m1"))
+V2_SESSIONS = tuple(f"shared-session-{n}" for n in range(6))
+
+
+def run_race_v2(database: str, index: str, seconds: str, policy_json: str, seed: str, *options: str) -> None:
+    """Enqueue turns in random lanes, keys and sessions, admit and drive them like :func:`run_race` (no turn
+    ends in a capacity failure, which cools its key down, with ``no-capacity-failures``)."""
+    capacity_failures = "no-capacity-failures" not in options
+    rng = random.Random(int(seed))
+    tally = Tally()
+    policy = Policy.from_json(policy_json)
+    plane = AdmissionPlane(database, policy=policy, encryption_key=ENCRYPTION_KEY, content_fingerprint_key=CONTENT_KEY)
+    owner = plane.owner_identity.owner_instance_id
+    deadline = time.monotonic() + float(seconds)
+    mine: list[str] = []
+    serial = 0
+    try:
+        while time.monotonic() < deadline:
+            mine = [r for r in mine if _still_queued(plane, r)]
+            if len(mine) < 3:
+                request_id = f"w{index}-r{serial}"
+                serial += 1
+                provider, model = rng.choice(V2_KEYS)
+                fields = {
+                    **turn_fields(request_id, f"agent-{index}-{serial % 2}", model),
+                    "provider": provider,
+                    "session_id": rng.choice(V2_SESSIONS),
+                    "lane": rng.choice([lane.name for lane in policy.lanes]),
+                }
+                if not tally.failed(tally.call("enqueue", lambda f=fields: plane.enqueue_with_payload(**f))):
+                    mine.append(request_id)
+            if mine and rng.random() < 0.5:
+                target = rng.choice(mine)
+                lease = tally.call("admit_request", lambda t=target: plane.admit_request(t, wall_ms(), owner))
+            else:
+                lease = tally.call("admit_next", lambda: plane.admit_next(wall_ms(), owner))
+            if tally.failed(lease) or lease is None:
+                time.sleep(rng.uniform(0.001, 0.006))
+                continue
+            tally.counts["admitted"] += 1
+            if lease.request_id in mine:
+                mine.remove(lease.request_id)
+            drive_turn(plane, lease, tally, rng, capacity_failures=capacity_failures)
+        for request_id in mine:
+            tally.call("cancel_queued", lambda r=request_id: plane.cancel_queued(r, wall_ms()))
+        revision = plane.current_policy().revision
+    finally:
+        plane.close()
+    emit(tally.report(role="race-v2", index=int(index), owner=owner, revision=revision))
 
 
 # --- reapers ---------------------------------------------------------------------------------------
@@ -628,6 +689,7 @@ def kill_group_and_wait(pgid: int) -> None:
 
 ROLES: dict[str, Callable[..., None]] = {
     "race": run_race,
+    "race-v2": run_race_v2,
     "reaper-loop": run_reaper_loop,
     "reaper": run_reaper,
     "crash-at": run_crash_at,

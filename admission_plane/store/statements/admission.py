@@ -60,6 +60,11 @@ SELECT_CANDIDATE_ANY = Query(
     Candidate,
 )
 
+SELECT_CANDIDATE = Query(
+    select(R.request_id, R.lease_generation).where(R.request_id == P("request_id"), R.state == lit(QUEUED)),
+    Candidate,
+)
+
 # --- a queued request's place ------------------------------------------------------------------
 
 SELECT_QUEUED_ENTRY = Query(

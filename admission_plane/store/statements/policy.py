@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from sqlalchemy import exists, insert, literal_column, select, update
+from sqlalchemy import delete, exists, func, insert, literal_column, select, update
 
 from ...states import DrainState
-from ..model import PolicyState
-from ..rows import PolicyRow
-from ..tx import Query, Statement
+from ..model import AdmissionPause, PolicyRevision, PolicyState
+from ..rows import PauseRow, PolicyRow, RevisionRow
+from ..tx import Query, Scalar, Statement
 from ._build import P, lit
 
 PS = PolicyState
@@ -22,7 +22,11 @@ SELECT_POLICY = Query(
         PS.capacity_cooldown_ms,
         PS.drain_state,
         PS.policy_fingerprint,
-    ).where(PS.id == 1),
+        PS.revision,
+        PolicyRevision.document,
+    )
+    .outerjoin(PolicyRevision, PolicyRevision.revision == PS.revision)
+    .where(PS.id == 1),
     PolicyRow,
 )
 _CLAIMED = (
@@ -65,4 +69,52 @@ COMPLETE_DRAIN = Statement(
         updated_at=P("now"),
         updated_by_owner_instance_id=P("owner"),
     )
+)
+
+# --- live policy revisions (revision 0006) --------------------------------------------------------
+
+LATEST_REVISION: Scalar[int] = Scalar(select(func.max(PolicyRevision.revision)))
+INSERT_REVISION = Statement(
+    insert(PolicyRevision).values(revision=P("revision"), created_at=P("now"), document=P("document"))
+)
+SELECT_REVISIONS = Query(
+    select(PolicyRevision.revision, PolicyRevision.created_at, PolicyRevision.document)
+    .order_by(PolicyRevision.revision.desc())
+    .limit(P("limit")),
+    RevisionRow,
+)
+#: Put a revision in force (the original's five columns too, so a seed-shaped reader agrees); ends a drain.
+APPLY_REVISION = Statement(
+    update(PS)
+    .where(PS.id == 1)
+    .values(
+        **{name: P(name) for name in _CLAIMED},
+        drain_state=lit(STEADY),
+        policy_fingerprint=P("policy_fingerprint"),
+        updated_at=P("now"),
+        updated_by_owner_instance_id=P("owner_instance_id"),
+        revision=P("revision"),
+    )
+)
+INSERT_REVISED_POLICY = Statement(
+    insert(PS).values(
+        id=1,
+        **{name: P(name) for name in _CLAIMED},
+        drain_state=lit(STEADY),
+        policy_fingerprint=P("policy_fingerprint"),
+        updated_at=P("now"),
+        updated_by_owner_instance_id=P("owner_instance_id"),
+        revision=P("revision"),
+    )
+)
+
+# --- pauses ------------------------------------------------------------------------------------------
+
+AP = AdmissionPause
+_scope = (AP.lane == P("lane"), AP.provider == P("provider"), AP.model == P("model"))
+PAUSE_EXISTS: Scalar[int] = Scalar(select(literal_column("1")).where(*_scope))
+INSERT_PAUSE = Statement(insert(AP).values(lane=P("lane"), provider=P("provider"), model=P("model"), since=P("now")))
+DELETE_PAUSE = Statement(delete(AP).where(*_scope))
+SELECT_ALL_PAUSES = Query(
+    select(AP.lane, AP.provider, AP.model, AP.since).order_by(AP.lane, AP.provider, AP.model), PauseRow
 )

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from ...states import OWNER_DEATH_PHASES, RequestState
+from ...states import OWNER_DEATH_PHASES, SEAT_PHASES, RequestState
 from ..model import Lease, QueuedOwnerInstance, TurnPayload, TurnRequest
-from ..rows import OwnerRow, PayloadRow, QueuedOwnerRow, RequestMeta, RequestRow, RequestStatus
+from ..rows import EntryRow, OwnerRow, PayloadRow, QueuedOwnerRow, RequestMeta, RequestRow, RequestStatus
 from ..tx import Query, Scalar, Statement
 from ._build import P, lit, one, one_of
 
@@ -15,7 +15,7 @@ R, PL, QO = TurnRequest, TurnPayload, QueuedOwnerInstance
 QUEUED = RequestState.QUEUED
 
 SELECT_REQUEST_META = Query(
-    select(R.session_id, R.agent_id, R.fingerprint, R.provider, R.model).where(R.request_id == P("request_id")),
+    select(R.session_id, R.agent_id, R.fingerprint, R.provider, R.model, R.lane).where(R.request_id == P("request_id")),
     RequestMeta,
 )
 SELECT_REQUEST = Query(
@@ -38,7 +38,25 @@ INSERT_REQUEST = Statement(
         state=lit(QUEUED),
         enqueued_at=P("now"),
         deadline_at=P("deadline_at"),
+        lane=P("lane"),
     )
+)
+#: A session's requests still queued or holding a seat, counted up to ``limit`` (its limit at enqueue).
+_open_states = (QUEUED, *sorted(SEAT_PHASES))
+_session_open = (
+    select(one())
+    .select_from(R)
+    .where(R.session_id == P("session_id"), one_of(R.state, _open_states))
+    .limit(P("limit"))
+    .subquery()
+)
+COUNT_SESSION_OPEN: Scalar[int] = Scalar(select(func.count()).select_from(_session_open))
+#: What the admission index keeps of a queued request.
+SELECT_ENTRY_OF_REQUEST = Query(
+    select(R.lane, R.provider, R.model, R.agent_id, R.session_id, R.enqueued_at).where(
+        R.request_id == P("request_id"), R.state == lit(QUEUED)
+    ),
+    EntryRow,
 )
 
 SELECT_PAYLOAD_FINGERPRINT: Scalar[str] = Scalar(select(PL.content_fingerprint).where(PL.request_id == P("request_id")))

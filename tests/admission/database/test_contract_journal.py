@@ -48,12 +48,18 @@ CONTRACT_ALLOWLIST = {
     *(("request_recovery_seat_released", phase, "recovery_required") for phase in SEAT),
     ("policy_drain_completed", "policy_soft_draining_to_1", "policy_steady"),
 }
-#: Beyond the seed: a holder proved gone before its dispatch intent, the operator's release, an untrusted row.
+#: Beyond the seed: a holder proved gone before its dispatch intent, the operator's release, an untrusted row,
+#: and (policy v2) live policy revisions, pauses and resumes.
 BEYOND_THE_SEED = {
     *(("lease_owner_dead", phase, "cancelled") for phase in ("admitted", "starting")),
     *(("operator_seat_released", phase, "cancelled") for phase in ("admitted", "starting")),
     *(("operator_seat_released", phase, "recovery_required") for phase in SEAT[2:]),  # dispatch_intent on
     ("recovery_row_retained", "untrusted", "retained"),
+    # Policy v2: a live policy revision (it ends a soft drain in progress), pause and resume by kind of scope.
+    ("policy_revised", "policy_steady", "policy_steady"),
+    ("policy_revised", "policy_soft_draining_to_1", "policy_steady"),
+    *(("admission_paused", "admitting", f"paused_{scope}") for scope in ("all", "lane", "key")),
+    *(("admission_resumed", f"paused_{scope}", "admitting") for scope in ("all", "lane", "key")),
 }
 REQUEST_STATES = {
     "queued",
@@ -253,13 +259,18 @@ def test_the_allowlist_is_exactly_the_contracts_set() -> None:
 
 def test_valid_state_tokens_are_the_request_states_absent_and_the_policy_states() -> None:
     """The journal's state tokens are the 12 request states, `absent`, `policy_steady` and
-    `policy_soft_draining_to_1`, and (beyond the seed) `untrusted` and `retained` of an untrusted recovery row."""
+    `policy_soft_draining_to_1`, and (beyond the seed) `untrusted` and `retained` of an untrusted recovery row,
+    `admitting` and the three kinds of paused scope (never a lane, provider or model name)."""
     assert {str(state) for state in EVENT_STATES} == REQUEST_STATES | {
         "absent",
         "policy_steady",
         "policy_soft_draining_to_1",
         "untrusted",
         "retained",
+        "admitting",
+        "paused_all",
+        "paused_lane",
+        "paused_key",
     }
 
 

@@ -192,18 +192,27 @@ def count_looks(plane: AdmissionPlane, monkeypatch: pytest.MonkeyPatch) -> list[
 
 
 @SQLITE_ONLY
-def test_a_waiter_behind_two_idle_agents_looks_again_only_after_two_departures(
+def test_a_waiter_behind_two_idle_agents_looks_again_at_each_departure_and_only_then(
     make_plane: Callable[..., AdmissionPlane], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Between looks it only reads the doorbell; one departure is not enough, the second makes it look and win."""
+    """Between looks it only reads the doorbell; each departure ahead of it makes it look once (the admission rule
+    may reorder the queue, so it no longer counts its place), and the second departure lets it win."""
     clock = Clock()
     plane = make_plane(policy=Policy(3, 3, 0, 1_800_000, 30_000), clock=clock)
     other = make_plane(policy=Policy(3, 3, 0, 1_800_000, 30_000))
     enqueue(plane, "first", agent_id="a", now=900)
     enqueue(plane, "second", agent_id="b", now=901)
     enqueue(plane, "mine", agent_id="c", now=902)
-    looks = count_looks(plane, monkeypatch)
+    looks: list[tuple[str, int]] = []  # (request, sleeps so far) of every look the waiting plane runs
     admitted: list[str] = []
+    original_look = _admission.look
+
+    def look(ctx: Any, tx: Any, request_id: str, *args: Any) -> Any:
+        if ctx is plane._ctx:
+            looks.append((request_id, len(clock.sleeps)))
+        return original_look(ctx, tx, request_id, *args)
+
+    monkeypatch.setattr(_admission, "look", look)
 
     def sleep(seconds: float) -> None:
         clock.sleep(seconds)
@@ -216,7 +225,8 @@ def test_a_waiter_behind_two_idle_agents_looks_again_only_after_two_departures(
     assert admitted == ["first", "second"]
     assert lease is not None
     assert lease.request_id == "mine"
-    assert looks == ["mine", "mine"], "one look at the start, one after the second departure"
+    # One look at the start and one right after each departure; no look on a doorbell read that found nothing new.
+    assert looks == [("mine", 0), ("mine", 3), ("mine", 6)]
     assert len(clock.sleeps) == 6
 
 

@@ -14,11 +14,12 @@ from dbutil import execute, is_postgres
 from planes import admit, enqueue
 from sqlalchemy.engine import make_url
 
-from admission_plane import AdmissionPlane, RequestState
+from admission_plane import AdmissionPlane, Lane, Policy, RequestState
 from admission_plane.cli import main
 from admission_plane.errors import (
     AdmissionDatabaseError,
     AdmissionError,
+    AdmissionRuntimeError,
     InvalidInputError,
     PayloadIntegrityError,
     RecoverableDispatchInventoryError,
@@ -175,6 +176,49 @@ def test_a_row_with_the_wrong_storage_type_raises_the_documented_error(
     with pytest.raises(error) as raised:
         call(plane, lease)
     assert "r1" not in str(raised.value)
+
+
+#: Policy v2 rows (revision 0006): name -> (the corruption, the public call, the error it must raise).
+CORRUPT_POLICY_V2_ROWS: dict[str, tuple[str, Callable[[AdmissionPlane], object], type[AdmissionError]]] = {
+    "index key head as text": ("UPDATE queue_keys SET head_enqueued_at = 'noon'", lambda p: p.admit_next(20_000, OWNER),
+                               SchemaIntegrityError),
+    "index agent head as text": ("UPDATE queue_agents SET head_enqueued_at = 'noon'",
+                                 lambda p: p.admit_next(20_000, OWNER), SchemaIntegrityError),
+    "index entry lane as a blob": ("UPDATE queue_entries SET lane = x'00'", lambda p: p.admit_next(20_000, OWNER),
+                                   SchemaIntegrityError),
+    "lane credits as text": ("UPDATE lane_credits SET credits = 'many'", lambda p: p.admit_next(20_000, OWNER),
+                             SchemaIntegrityError),
+    "revision document not a policy": ("UPDATE policy_revisions SET document = 'garbage'",
+                                       lambda p: p.admit_next(20_000, OWNER), AdmissionRuntimeError),
+    "revision document not a policy, shown": ("UPDATE policy_revisions SET document = '{}x'",
+                                              lambda p: p.current_policy(), AdmissionRuntimeError),
+    "revision number as text": ("UPDATE policy_state SET revision = 'one'", lambda p: p.current_policy(),
+                                AdmissionRuntimeError),
+    "pause time as text": ("INSERT INTO admission_pauses VALUES ('', 'p', 'm', 'x')", lambda p: p.pauses(),
+                           SchemaIntegrityError),
+    "pause time as text, admitting": ("INSERT INTO admission_pauses VALUES ('', 'p', 'm', 'x')",
+                                      lambda p: p.admit_next(20_000, OWNER), SchemaIntegrityError),
+}  # fmt: skip
+
+
+@SQLITE_ONLY
+@pytest.mark.parametrize("case", CORRUPT_POLICY_V2_ROWS)
+def test_a_policy_v2_row_with_the_wrong_storage_type_raises_the_documented_error(
+    plane: AdmissionPlane, database_url: str, case: str
+) -> None:
+    """A corrupted admission index, lane credit, policy revision or pause row makes admission (or the reading call)
+    raise its documented error, never a raw TypeError or ValueError, and names no request."""
+    corruption, call, error = CORRUPT_POLICY_V2_ROWS[case]
+    lanes = (Lane("a"), Lane("b"))
+    plane.set_policy(Policy(8, 8, 2_000, 1_800_000, 30_000, lanes=lanes), now=1)
+    for n, lane in enumerate("abab"):
+        enqueue(plane, f"r{n}", agent_id=f"agent-{n}", now=10 + n, lane=lane)
+    plane.abandon_before_prompt(admit(plane, 5_000), 5_001, "cancelled")  # lanes competed: credits are stored
+    admit(plane, 10_000)
+    execute(database_url, corruption, foreign_keys=False)
+    with pytest.raises(error) as raised:
+        call(plane)
+    assert not any(f"r{n}" in str(raised.value) for n in range(4))
 
 
 # --- 14: timing arguments ---------------------------------------------------------------------------

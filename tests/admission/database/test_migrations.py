@@ -18,7 +18,7 @@ from seed_schema import (
     master_sql,
     populate,
     snapshot,
-    without_host_ids,
+    without_our_columns,
 )
 
 from admission_plane import migrate
@@ -37,6 +37,16 @@ V3_TABLES = {
     "events",
     "policy_state",
     "queued_owner_instances",
+}
+#: Revision 0006 (policy v2): revisions, pauses, lane credits and the admission index.
+POLICY_V2_TABLES = {
+    "policy_revisions",
+    "admission_pauses",
+    "lane_credits",
+    "queue_entries",
+    "queue_sessions",
+    "queue_agents",
+    "queue_keys",
 }
 
 
@@ -69,11 +79,12 @@ def run_cli(*arguments: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_upgrade_head_creates_the_eleven_v3_tables_and_the_ledger(tmp_path: Path) -> None:
-    """A new file upgraded to head holds exactly the v3 tables, ledger rows 1 to 3 and Alembic's version row."""
+def test_upgrade_head_creates_the_eleven_v3_tables_the_policy_v2_tables_and_the_ledger(tmp_path: Path) -> None:
+    """A new file upgraded to head holds exactly the v3 tables, revision 0006's seven tables, ledger rows 1 to 3 and
+    Alembic's version row."""
     database = tmp_path / "fresh.sqlite"
     command.upgrade(migrate.alembic_config(database), "head")
-    assert tables(database) == V3_TABLES | {"alembic_version"}
+    assert tables(database) == V3_TABLES | POLICY_V2_TABLES | {"alembic_version"}
     assert [(version, name) for version, name, _ in ledger(database)] == list(migrate.SEED_LEDGER)
     assert alembic_version(database) == [migrate.HEAD_REVISION]
 
@@ -122,7 +133,7 @@ def test_populated_database_survives_upgrade_downgrade_upgrade(tmp_path: Path) -
         agents = sorted(row[0] for row in connection.execute("SELECT parent_id FROM turn_requests"))
     assert agents == ["agent-a", "agent-b", "agent-é"]
     migrate.upgrade(database)
-    assert without_host_ids(snapshot(database)) == expected_rows_after_upgrade(1)
+    assert without_our_columns(snapshot(database)) == expected_rows_after_upgrade(1)
 
 
 def test_policy_row_survives_a_v3_downgrade_and_upgrade(tmp_path: Path) -> None:
@@ -133,7 +144,9 @@ def test_policy_row_survives_a_v3_downgrade_and_upgrade(tmp_path: Path) -> None:
     migrate.upgrade(database)
     migrate.downgrade(database, "0002_seed_v2")
     migrate.upgrade(database)
-    assert snapshot(database, ["policy_state"]) == {"policy_state": expected_rows_after_upgrade(2)["policy_state"]}
+    assert without_our_columns(snapshot(database, ["policy_state"])) == {
+        "policy_state": expected_rows_after_upgrade(2)["policy_state"]
+    }
 
 
 def test_v3_downgrade_restores_the_seed_v2_table_text(tmp_path: Path) -> None:
@@ -241,7 +254,7 @@ def test_cli_round_trip_keeps_rows(tmp_path: Path) -> None:
     for step in (("upgrade", "head"), ("downgrade", "0001_seed_v1"), ("upgrade", "head")):
         result = run_cli("-x", f"url={database}", *step)
         assert result.returncode == 0, result.stderr
-    assert without_host_ids(snapshot(database)) == expected_rows_after_upgrade(1)
+    assert without_our_columns(snapshot(database)) == expected_rows_after_upgrade(1)
 
 
 def test_engine_without_explicit_begin_is_refused(tmp_path: Path) -> None:

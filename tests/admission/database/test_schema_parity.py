@@ -83,19 +83,36 @@ def test_alembic_schema_text_is_byte_identical_to_the_seeds(seed_v3: Path, alemb
 
 
 def test_head_adds_only_the_documented_extensions_to_the_seed_schema(seed_v3: Path, alembic_head: Path) -> None:
-    """Revisions after v3 add exactly the host_id columns and the state/deadline index, nothing else."""
+    """Revisions after v3 add exactly the host_id columns, the state/deadline index, and (0006, policy v2) the lane and
+    revision columns, the session/state index and the seven new tables with their indexes, nothing else."""
     seed, ours = pragma_picture(seed_v3), pragma_picture(alembic_head)
     spec = schema_check.expected_spec()
-    assert sorted(ours) == sorted(seed)
+    new_tables = {
+        "policy_revisions",
+        "admission_pauses",
+        "lane_credits",
+        "queue_entries",
+        "queue_sessions",
+        "queue_agents",
+        "queue_keys",
+    }
+    assert sorted(ours) == sorted([*seed, *new_tables])
     for table in seed:
         seed_columns = schema_check.TABLES.get(table, ())
         added = [column.name for column in spec.tables.get(table, ())[len(seed_columns) :]]
         assert [row[1] for row in ours[table]["table_info"]] == [row[1] for row in seed[table]["table_info"]] + added
+    assert {table: [column.name for column in spec.tables[table]] for table in new_tables} == {
+        table: [row[1] for row in ours[table]["table_info"]] for table in new_tables
+    }
     new_indexes = {index.name for index in spec.indexes} - {index.name for index in schema_check.INDEXES}
-    assert new_indexes == {"turn_requests_state_deadline"}
+    request_indexes = {"turn_requests_state_deadline", "turn_requests_session_state"}
+    index_indexes = {"queue_entries_group", "queue_sessions_order", "queue_agents_order", "queue_keys_order"}
+    assert new_indexes == request_indexes | index_indexes
     assert {row[1] for row in ours["turn_requests"]["index_list"]} - {
         row[1] for row in seed["turn_requests"]["index_list"]
-    } == new_indexes
+    } == request_indexes
+    named_indexes = {row[1] for table in new_tables for row in ours[table]["index_list"]}
+    assert {name for name in named_indexes if not name.startswith("sqlite_autoindex_")} == index_indexes
 
 
 def test_alembic_check_finds_no_drift_between_entities_and_migrated_sqlite(alembic_head: Path) -> None:

@@ -7,6 +7,14 @@ exceed the policy, a lease's phase mirrors its request's state, no request retur
 the journal is append-only and allowlisted, and the schema still passes its integrity check.
 Every refused operation (an :class:`AdmissionError`, or a dispatch intent not committed)
 leaves every table exactly as it was.
+
+Policy v2: requests are enqueued in random lanes (known or not), sessions and provider/model
+keys; live revisions with random lanes, keyed limits and per-session limits are set, and
+admission is paused and resumed (everything, a lane, a key). Every admission must respect every
+limit of the revision in force when it was made (global seats and starts, per provider/model,
+per provider, starts per provider, per session) and no paused scope; lowering a limit preempts
+nothing, so the seats held never exceed the highest seat limit ever in force. After every step
+the admission index equals the one recomputed from the queue.
 """
 
 from __future__ import annotations
@@ -19,7 +27,8 @@ import tempfile
 from typing import Any
 
 import attrs
-from dbutil import table_dump
+from admission_index import index_differences
+from dbutil import query, table_dump
 from fake_proc import FakeProc
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
@@ -33,6 +42,8 @@ from admission_plane import (
     AdmittedLease,
     ConnectorIdentity,
     DispatchRecord,
+    KeyLimit,
+    Lane,
     LeaseFence,
     LiveTurnCompletion,
     LiveTurnFailure,
@@ -40,7 +51,7 @@ from admission_plane import (
     Policy,
 )
 from admission_plane.evidence import capture, read_boot_id
-from admission_plane.states import SEAT_PHASES, TERMINAL_STATES, FailureCategory
+from admission_plane.states import SEAT_PHASES, START_WINDOW_PHASES, TERMINAL_STATES, FailureCategory
 from admission_plane.store.schema_check import check_schema
 
 POLICY = Policy(2, 1, 50, 20_000, 1_000)
@@ -51,6 +62,51 @@ MODELS = ("model-x", "model-y")
 PROMPTS = ("prompt one", "prompt two")
 AFTER_DISPATCH = frozenset({"active", "provider_terminal", *TERMINAL_STATES})
 _REFUSED = object()
+SESSIONS = ("session", "session-2")
+PROVIDERS = ("provider", "provider-2")
+#: ``None``: the policy's default lane; ``"unknown"`` is never a lane of any policy (refused at enqueue).
+LANES = (None, "default", "batch", "unknown")
+#: The durable row's bounds: a live revision's start interval is at least 2 s and its cooldown at least 30 s.
+revisions = st.builds(
+    Policy,
+    max_active_turns=st.integers(1, 3),
+    max_concurrent_starts=st.integers(1, 2),
+    min_start_interval_ms=st.just(2_000),
+    queue_timeout_ms=st.sampled_from((20_000, 60_000)),
+    capacity_cooldown_ms=st.just(30_000),
+    lanes=st.sampled_from(
+        (
+            (Lane("default"),),
+            (Lane("default", 2), Lane("batch")),
+            (Lane("batch"), Lane("default")),
+            (Lane("batch", 3),),
+        )
+    ),
+    key_limits=st.lists(
+        st.sampled_from(
+            (
+                KeyLimit("provider", MODELS[0], max_active_turns=1),
+                KeyLimit("provider", max_active_turns=2),
+                KeyLimit("provider-2", max_concurrent_starts=1),
+                KeyLimit("provider-2", MODELS[1], max_active_turns=1),
+            )
+        ),
+        unique=True,
+        max_size=3,
+    ).map(tuple),
+    max_turns_per_session=st.sampled_from((None, 1, 2)),
+    session_overflow=st.sampled_from(("wait", "refuse")),
+)
+#: A pause scope: everything, a lane, or a provider/model key.
+scopes = st.sampled_from(
+    (
+        {},
+        {"lane": "default"},
+        {"lane": "batch"},
+        {"provider": "provider", "model": MODELS[0]},
+        {"provider": "provider-2", "model": MODELS[1]},
+    )
+)
 
 completions = st.one_of(
     st.sampled_from(("completed", "cancelled", "failed")).map(LiveTurnCompletion),
@@ -95,6 +151,9 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.prompts: dict[str, str] = {}
         self.states: dict[str, str] = {}
         self.event_count = 0
+        self.policy = POLICY  # the policy in force (the plane's own until a revision is set)
+        self.seat_ceiling = POLICY.max_active_turns  # the highest seat limit ever in force
+        self.paused: list[dict[str, str]] = []
 
     def teardown(self) -> None:
         self.plane.close()
@@ -151,25 +210,86 @@ class AdmissionMachine(RuleBasedStateMachine):
         prompt=st.sampled_from(PROMPTS),
         ttl=st.one_of(st.integers(1, 60_000), st.integers(-5, 0)),
         advance=st.integers(0, 400),
+        session=st.sampled_from(SESSIONS),
+        provider=st.sampled_from(PROVIDERS),
+        lane=st.sampled_from(LANES),
     )
-    def enqueue(self, request_id: str, agent: str, model: str, prompt: str, ttl: int, advance: int) -> None:
+    def enqueue(
+        self,
+        request_id: str,
+        agent: str,
+        model: str,
+        prompt: str,
+        ttl: int,
+        advance: int,
+        session: str,
+        provider: str,
+        lane: str | None,
+    ) -> None:
         now = self.tick(advance)
         result = self.attempt(
             "enqueue_with_payload",
             lambda: self.plane.enqueue_with_payload(
                 request_id=request_id,
-                session_id="session",
+                session_id=session,
                 agent_id=agent,
                 fingerprint="fp",
-                provider="provider",
+                provider=provider,
                 model=model,
                 now=now,
                 plaintext=prompt,
                 expires_at=now + ttl,
+                lane=lane,
             ),
         )
         if result is not _REFUSED:
             self.prompts.setdefault(request_id, prompt)
+        elif lane == "unknown" or (lane is not None and lane not in {x.name for x in self.policy.lanes}):
+            event("enqueue: an unknown lane refused")
+
+    @rule(request_id=st.sampled_from(REQUEST_IDS), agent=st.sampled_from(AGENTS), advance=st.integers(0, 400))
+    def enqueue_then_persist(self, request_id: str, agent: str, advance: int) -> None:
+        """Enqueue without a payload (not admissible yet), then persist it (it enters the admission index)."""
+        now = self.tick(advance)
+        fields = {"session_id": "session", "agent_id": agent, "fingerprint": "fp", "provider": "provider-2"}
+        enqueued = self.attempt(
+            "enqueue", lambda: self.plane.enqueue(request_id=request_id, **fields, model=MODELS[1], now=now)
+        )
+        if enqueued is _REFUSED:
+            return
+        self.check_index("enqueue without a payload")
+        persisted = self.attempt(
+            "persist_payload", lambda: self.plane.persist_payload(request_id, PROMPTS[1], now, now + 60_000)
+        )
+        if persisted is not _REFUSED:
+            self.prompts.setdefault(request_id, PROMPTS[1])
+
+    # --- policy v2: live revisions, pause and resume --------------------------------------------------
+
+    @rule(revision=revisions, advance=st.integers(0, 400))
+    def set_policy(self, revision: Policy, advance: int) -> None:
+        now = self.tick(advance)
+        result = self.attempt("set_policy", lambda: self.plane.set_policy(revision, now=now))
+        assert result is not _REFUSED, "a revision inside the durable bounds is always accepted"
+        self.policy = revision
+        self.seat_ceiling = max(self.seat_ceiling, revision.max_active_turns)
+        assert self.plane.current_policy().policy == revision
+
+    @rule(scope=scopes, advance=st.integers(0, 400))
+    def pause(self, scope: dict[str, str], advance: int) -> None:
+        now = self.tick(advance)
+        changed = self.plane.pause(**scope, now=now)
+        assert changed == (scope not in self.paused)
+        if changed:
+            self.paused.append(scope)
+
+    @rule(scope=scopes, advance=st.integers(0, 400))
+    def resume(self, scope: dict[str, str], advance: int) -> None:
+        now = self.tick(advance)
+        changed = self.plane.resume(**scope, now=now)
+        assert changed == (scope in self.paused)
+        if changed:
+            self.paused.remove(scope)
 
     @rule(request_id=st.sampled_from(REQUEST_IDS), advance=st.integers(0, 400))
     def cancel_queued(self, request_id: str, advance: int) -> None:
@@ -200,6 +320,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         now = self.tick(advance)
         lease = self.attempt("admit_next", lambda: self.plane.admit_next(now, self._owner(owner)))
         if isinstance(lease, AdmittedLease):
+            self.check_admission(lease)
             self.leases.append(lease)
 
     @rule(
@@ -210,7 +331,48 @@ class AdmissionMachine(RuleBasedStateMachine):
         lease = self.attempt("admit_request", lambda: self.plane.admit_request(request_id, now, self._owner(owner)))
         if isinstance(lease, AdmittedLease):
             assert lease.request_id == request_id
+            self.check_admission(lease)
             self.leases.append(lease)
+
+    def check_admission(self, lease: AdmittedLease) -> None:
+        """The admission just made respects every limit of the policy in force and no paused scope covers it."""
+        policy = self.policy
+        [(lane, provider, model, session)] = query(
+            self.path,
+            "SELECT lane, provider, model, session_id FROM turn_requests WHERE request_id = ?",
+            (lease.request_id,),
+        )
+        for scope in self.paused:
+            assert scope not in ({}, {"lane": lane}, {"provider": provider, "model": model}), f"admitted in {scope}"
+        holders = query(
+            self.path,
+            "SELECT l.phase, r.provider, r.model, r.session_id FROM leases l JOIN turn_requests r USING (request_id)",
+        )
+        seats = [holder for holder in holders if holder[0] in SEAT_PHASES]
+        starts = [holder for holder in seats if holder[0] in START_WINDOW_PHASES]
+        assert len(seats) <= policy.max_active_turns, "global seats"
+        assert len(starts) <= policy.max_concurrent_starts, "global starts"
+        for limit in policy.key_limits:
+            if limit.provider != provider or limit.model not in (None, model):
+                continue
+            of_key = [seat for seat in seats if seat[1] == provider and limit.model in (None, seat[2])]
+            if limit.max_active_turns is not None:
+                assert len(of_key) <= limit.max_active_turns, f"seats of {limit}"
+            if limit.max_concurrent_starts is not None:
+                assert len([seat for seat in of_key if seat[0] in START_WINDOW_PHASES]) <= limit.max_concurrent_starts
+        if policy.max_turns_per_session is not None:
+            assert len([seat for seat in seats if seat[3] == session]) <= policy.max_turns_per_session, "session"
+        event(
+            f"admitted under {'a revision' if policy is not POLICY else 'the plane policy'}"
+            f" with{'' if policy.key_limits else 'out'} key limits"
+            f" and{'' if policy.max_turns_per_session else ' no'} session limit"
+        )
+        if self.paused:
+            event("admitted while some scope is paused")
+
+    def check_index(self, after: str) -> None:
+        differences = index_differences(self.path)
+        assert not differences, f"after {after}: the admission index disagrees with the queue: {differences}"
 
     def _owner(self, choice: str) -> str:
         return OTHER_OWNER if choice == "other" else self.plane.owner_identity.owner_instance_id
@@ -348,7 +510,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         states = {request_id: _state_of(row) for request_id, row in requests.items()}
 
         leases = _rows_as_dicts(self.path, "leases")
-        assert sum(1 for lease in leases if lease["phase"] in SEAT_PHASES) <= POLICY.max_active_turns
+        assert sum(1 for lease in leases if lease["phase"] in SEAT_PHASES) <= self.seat_ceiling
         for lease in leases:
             assert states[lease["request_id"]] == lease["phase"]
 
@@ -372,7 +534,8 @@ class AdmissionMachine(RuleBasedStateMachine):
         assert journal.requeued == ()
         assert journal.admitted_twice == ()
         assert journal.discontinuities == ()
-        assert journal.max_seat_holders <= POLICY.max_active_turns
+        assert journal.max_seat_holders <= self.seat_ceiling
+        self.check_index("the step")
 
         with self.plane.engine.connect() as connection:
             check_schema(connection)

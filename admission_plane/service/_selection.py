@@ -1,0 +1,326 @@
+"""The admission rule: which queued request takes the next seat.
+
+In order:
+
+1. **Lanes.** Each lane not paused offers its best request (below). When one lane
+   offers, it goes. When several do, the *weighted share* decides: lanes are served in
+   priority order, each taking up to its ``weight`` admissions per round; a lane with no
+   credit left waits for the next round, which starts when every offering lane has used
+   its credit. So a lane with eligible work waits at most the sum of the other lanes'
+   weights in admissions, however busy the lanes before it stay (no starvation), and with
+   weights like 9 and 1 the first lane still takes nine seats in ten.
+2. **Fair share inside a lane.** Requests of agents holding no seat first, then agents
+   by the seats they hold (fewest first); among equals, the oldest request
+   (``enqueued_at``, then ``request_id``).
+3. **Eligibility.** A request is offered only if it has its payload, its provider/model
+   key is neither cooling down, paused nor at a keyed limit (per key, per provider,
+   starts per provider), and its session is below the per-session limit.
+
+How the cost stays independent of queue depth: admission walks the heads of the groups
+of the admission index (:mod:`admission_plane.store.statements.queue`), never requests.
+A group that is not eligible (a key cooling down, paused or full; an agent holding a seat;
+a session at its limit) is skipped by reading its one head row, and the walk stops as soon
+as the next head cannot beat the best found. The groups it can skip are bounded by the
+leases held (busy agents, full sessions and keys), by the cooldowns and by the pauses —
+never by how many requests are queued behind them. What it does read per admission:
+the seat-holding leases (as many as seats held), the active cooldowns and pauses, and
+the lanes' provider/model keys (one row each).
+
+Two shapes are not covered, both measured in ``BENCHMARKS.md`` (depth run H, probes): many
+provider/model keys (the keys are read whole, so the cost follows their number, not the
+requests'), and one full session shared by many agents (the walk skips full sessions agent
+by agent, so it is bounded by seats only when a session belongs to one agent, as a
+connector's session does).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Iterable
+
+import attrs
+
+from ..policy import Policy
+from ..states import START_WINDOW_PHASES
+from ..store.rows import KeyHeadRow, MemberHeadRow
+from ..store.statements.queue import (
+    AGENT_PAGE,
+    DELETE_CREDITS,
+    INSERT_CREDIT,
+    SELECT_ACTIVE_COOLDOWNS,
+    SELECT_CREDITS,
+    SELECT_KEYS,
+    SELECT_PAUSES,
+    SELECT_SEATS,
+    SESSION_PAGE,
+)
+from ..store.tx import Query, Tx
+
+#: Heads read per page while walking a group's members.
+PAGE = 8
+#: Before every head: ``(enqueued_at, request_id)`` sorts after it.
+_START = (-1, "")
+
+Head = tuple[int, str]
+Key = tuple[str, str]
+
+
+@attrs.frozen
+class Limits:
+    """A policy's limits, indexed for the rule (built once per policy)."""
+
+    lanes: tuple[str, ...]
+    weights: dict[str, int]
+    key_active: dict[Key, int]
+    provider_active: dict[str, int]
+    provider_starts: dict[str, int]
+    session_limit: int | None
+
+    @classmethod
+    def of(cls, policy: Policy) -> Limits:
+        """The limits of ``policy``."""
+        return cls(
+            lanes=tuple(lane.name for lane in policy.lanes),
+            weights={lane.name: lane.weight for lane in policy.lanes},
+            key_active={
+                (limit.provider, limit.model): limit.max_active_turns
+                for limit in policy.key_limits
+                if limit.model is not None and limit.max_active_turns is not None
+            },
+            provider_active={
+                limit.provider: limit.max_active_turns
+                for limit in policy.key_limits
+                if limit.model is None and limit.max_active_turns is not None
+            },
+            provider_starts={
+                limit.provider: limit.max_concurrent_starts
+                for limit in policy.key_limits
+                if limit.model is None and limit.max_concurrent_starts is not None
+            },
+            session_limit=policy.max_turns_per_session,
+        )
+
+
+_LIMITS: dict[Policy, Limits] = {}
+
+
+def limits_of(policy: Policy) -> Limits:
+    """:meth:`Limits.of`, remembered for the few policies a process sees."""
+    found = _LIMITS.get(policy)
+    if found is None:
+        if len(_LIMITS) > 64:
+            _LIMITS.clear()
+        found = _LIMITS[policy] = Limits.of(policy)
+    return found
+
+
+@attrs.define
+class Facts:
+    """What the rule counts, read once per transaction: seats held (by key, provider, agent,
+    session), start-window leases, cooldowns and pauses."""
+
+    seats: int = 0
+    starts: int = 0
+    latest_reservation: int | None = None
+    key_seats: Counter[Key] = attrs.field(factory=Counter)
+    provider_seats: Counter[str] = attrs.field(factory=Counter)
+    provider_starts: Counter[str] = attrs.field(factory=Counter)
+    agent_seats: Counter[str] = attrs.field(factory=Counter)
+    session_seats: Counter[str] = attrs.field(factory=Counter)
+    cooling: dict[Key, int] = attrs.field(factory=dict)
+    paused_all: bool = False
+    paused_lanes: set[str] = attrs.field(factory=set)
+    paused_keys: set[Key] = attrs.field(factory=set)
+
+    @classmethod
+    def read(cls, tx: Tx, now: int) -> Facts:
+        """Three statements: the seat-holding leases, the active cooldowns, the pauses."""
+        facts = cls()
+        for seat in tx.all(SELECT_SEATS):
+            facts.seats += 1
+            facts.key_seats[(seat.provider, seat.model)] += 1
+            facts.provider_seats[seat.provider] += 1
+            facts.agent_seats[seat.agent_id] += 1
+            facts.session_seats[seat.session_id] += 1
+            if seat.phase in START_WINDOW_PHASES:
+                facts.starts += 1
+                facts.provider_starts[seat.provider] += 1
+                if facts.latest_reservation is None or seat.acquired_at > facts.latest_reservation:
+                    facts.latest_reservation = seat.acquired_at
+        facts.cooling = {
+            (row.provider, row.model): row.not_before for row in tx.all(SELECT_ACTIVE_COOLDOWNS, {"now": now})
+        }
+        for pause in tx.all(SELECT_PAUSES):
+            if pause.lane:
+                facts.paused_lanes.add(pause.lane)
+            elif pause.provider:
+                facts.paused_keys.add((pause.provider, pause.model))
+            else:
+                facts.paused_all = True
+        return facts
+
+
+class KeyBlock(enum.Enum):
+    """Why a provider/model key offers nothing now."""
+
+    COOLING = "cooling down"
+    PAUSED = "paused"
+    FULL = "at a keyed limit"
+
+
+def key_block(limits: Limits, facts: Facts, provider: str, model: str) -> KeyBlock | None:
+    """Why the key offers nothing now, or ``None``."""
+    key = (provider, model)
+    if key in facts.cooling:
+        return KeyBlock.COOLING
+    if key in facts.paused_keys:
+        return KeyBlock.PAUSED
+    limit = limits.key_active.get(key)
+    if limit is not None and facts.key_seats[key] >= limit:
+        return KeyBlock.FULL
+    limit = limits.provider_active.get(provider)
+    if limit is not None and facts.provider_seats[provider] >= limit:
+        return KeyBlock.FULL
+    limit = limits.provider_starts.get(provider)
+    if limit is not None and facts.provider_starts[provider] >= limit:
+        return KeyBlock.FULL
+    return None
+
+
+def session_full(limits: Limits, facts: Facts, session_id: str) -> bool:
+    """Whether the session holds as many seats as the per-session limit allows."""
+    return limits.session_limit is not None and facts.session_seats[session_id] >= limits.session_limit
+
+
+@attrs.frozen
+class Offer:
+    """A lane's best request."""
+
+    request_id: str
+    head: Head
+
+
+@attrs.frozen
+class Choice:
+    """The rule's choice, and the lane credits to write if the weighted share was used."""
+
+    request_id: str
+    lane: str
+    credits: dict[str, int] | None = None
+
+
+def choose(tx: Tx, limits: Limits, facts: Facts) -> Choice | None:
+    """The request the rule admits next (capacity aside), or ``None``."""
+    if facts.paused_all:
+        return None
+    keys_by_lane: dict[str, list[KeyHeadRow]] = {}
+    for row in tx.all(SELECT_KEYS):
+        keys_by_lane.setdefault(row.lane, []).append(row)
+    # Lanes the policy no longer names still drain, after the named ones.
+    lanes = (*limits.lanes, *sorted(set(keys_by_lane) - set(limits.lanes)))
+    offers: dict[str, Offer] = {}
+    for lane in lanes:
+        keys = keys_by_lane.get(lane)
+        if keys and lane not in facts.paused_lanes:
+            offer = _best_in_lane(tx, lane, keys, limits, facts)
+            if offer is not None:
+                offers[lane] = offer
+    if not offers:
+        return None
+    if len(offers) == 1:
+        ((lane, offer),) = offers.items()
+        return Choice(offer.request_id, lane)
+    credits = {row.lane: row.credits for row in tx.all(SELECT_CREDITS)}
+
+    def credit(lane: str) -> int:
+        return int(credits.get(lane, limits.weights.get(lane, 1)))
+
+    ready = [lane for lane in offers if credit(lane) > 0]
+    if not ready:  # every offering lane used its share: a new round
+        credits = {}
+        ready = list(offers)
+    lane = ready[0]
+    updated = {name: credit(name) for name in lanes}
+    updated[lane] -= 1
+    return Choice(offers[lane].request_id, lane, updated)
+
+
+def spend_credits(tx: Tx, choice: Choice) -> None:
+    """Record what the chosen lane spent of its share (only when lanes competed)."""
+    if choice.credits is None:
+        return
+    tx.execute(DELETE_CREDITS)
+    for lane, credits in choice.credits.items():
+        tx.execute(INSERT_CREDIT, {"lane": lane, "credits": credits})
+
+
+def _best_in_lane(tx: Tx, lane: str, keys: list[KeyHeadRow], limits: Limits, facts: Facts) -> Offer | None:
+    open_keys = [key for key in keys if key_block(limits, facts, key.provider, key.model) is None]
+    best: Offer | None = None
+    for key in open_keys:  # in head order: once a key's head cannot win, no later key can
+        if best is not None and (key.head_enqueued_at, key.head_request_id) >= best.head:
+            break
+        offer = _best_idle_agent(tx, lane, key, limits, facts, best)
+        if offer is not None:
+            best = offer
+    if best is not None or not facts.agent_seats:
+        return best
+    # Every eligible request belongs to an agent holding seats: fewest seats first.
+    for seats in sorted(set(facts.agent_seats.values())):
+        for agent in sorted(agent for agent, held in facts.agent_seats.items() if held == seats):
+            for key in open_keys:
+                group = {"lane": lane, "provider": key.provider, "model": key.model, "agent_id": agent}
+                offer = _first_open_session(tx, group, limits, facts, best)
+                if offer is not None:
+                    best = offer
+        if best is not None:
+            return best
+    return None
+
+
+def _best_idle_agent(
+    tx: Tx, lane: str, key: KeyHeadRow, limits: Limits, facts: Facts, best: Offer | None
+) -> Offer | None:
+    """The best request of an agent holding no seat in this key, if it beats ``best``."""
+    params = {"lane": lane, "provider": key.provider, "model": key.model}
+    found: Offer | None = None
+    for member in _pages(tx, AGENT_PAGE, params):
+        head = (member.head_enqueued_at, member.head_request_id)
+        bound = found or best
+        if bound is not None and head >= bound.head:
+            break
+        if facts.agent_seats[member.member]:
+            continue
+        if limits.session_limit is None or not facts.session_seats:
+            found = Offer(member.head_request_id, head)  # no session can be full: the agent's head is its best
+            continue
+        offer = _first_open_session(tx, {**params, "agent_id": member.member}, limits, facts, bound)
+        if offer is not None:
+            found = offer
+    return found
+
+
+def _first_open_session(
+    tx: Tx, group: dict[str, str], limits: Limits, facts: Facts, best: Offer | None
+) -> Offer | None:
+    """The oldest head among the agent's sessions below their limit in this key, if it beats ``best``."""
+    for member in _pages(tx, SESSION_PAGE, group):
+        head = (member.head_enqueued_at, member.head_request_id)
+        if best is not None and head >= best.head:
+            return None
+        if not session_full(limits, facts, member.member):
+            return Offer(member.head_request_id, head)
+    return None
+
+
+def _pages(tx: Tx, query: Query[MemberHeadRow], params: dict[str, str]) -> Iterable[MemberHeadRow]:
+    """A group's members in head order, read a page at a time (most walks stop in the first)."""
+    after: Head = _START
+    while True:
+        page = tx.all(query, {**params, "after_enqueued_at": after[0], "after_request_id": after[1], "page": PAGE})
+        yield from page
+        if len(page) < PAGE:
+            return
+        last = page[-1]
+        after = (last.head_enqueued_at, last.head_request_id)
