@@ -11,7 +11,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,postgres]'
+	$(PY) -m pip install --quiet -e '.[test,postgres,web]'
 	touch $(STAMP)
 
 test: check $(STAMP)

@@ -47,6 +47,8 @@ from .values import LeaseHolder, ReaperSummary, RecoverableDispatch
 HEARTBEAT_STALE_MS = 4_000
 _GONE = frozenset({Observation.GONE, Observation.PID_REUSED})
 Counts = dict[str, int]
+#: How a pass applies one fenced operation: :func:`_attempt` runs it, :func:`_pretend` (a dry run) does not.
+Attempt = Callable[..., bool]
 
 
 def is_heartbeat_stale(heartbeat_at: int, now: int) -> bool:
@@ -54,12 +56,17 @@ def is_heartbeat_stale(heartbeat_at: int, now: int) -> bool:
     return now - heartbeat_at > HEARTBEAT_STALE_MS
 
 
-def reap(plane: AdmissionService, now: int, readers: ProcReaders | None = None) -> ReaperSummary:
+def reap(
+    plane: AdmissionService, now: int, readers: ProcReaders | None = None, *, dry_run: bool = False
+) -> ReaperSummary:
     """One pass over queued owners and seat-holding leases; see the module docstring.
 
     Never raises for one row: an untrusted row is reported and retained, and a failure on
-    one lease retains it.
+    one lease retains it. With ``dry_run=True`` the pass reads the same inventory and judges
+    the same evidence but changes nothing (no write, no journal event): the summary counts
+    what the pass would do if every fenced operation took effect.
     """
+    _try = _pretend if dry_run else _attempt
     v.timestamp(now, "runtime reaper timestamp")
     if readers is None:
         readers = LIVE_READERS
@@ -81,9 +88,9 @@ def reap(plane: AdmissionService, now: int, readers: ProcReaders | None = None) 
     holders = {holder.request_id: holder for holder in inventory.holders}
     for dispatch in inventory.dispatches:
         if dispatch.process_identity is None and dispatch.phase in OWNER_DEATH_PHASES:
-            _judge_before_dispatch(plane, dispatch, holders.get(dispatch.request_id), now, readers, counts)
+            _judge_before_dispatch(plane, dispatch, holders.get(dispatch.request_id), now, readers, counts, _try)
         else:
-            _judge_dispatch(plane, dispatch, now, readers, process_ids, counts)
+            _judge_dispatch(plane, dispatch, now, readers, process_ids, counts, _try)
     return ReaperSummary(inspected=len(inventory.dispatches), untrusted=inventory.untrusted, **counts)
 
 
@@ -94,6 +101,7 @@ def _judge_dispatch(
     readers: ProcReaders,
     process_ids: tuple[int, ...] | None,
     counts: Counts,
+    _try: Attempt,
 ) -> None:
     """A lease at or after its dispatch intent: connector, child and group must all be proved gone."""
     identity = dispatch.process_identity
@@ -133,6 +141,7 @@ def _judge_before_dispatch(
     now: int,
     readers: ProcReaders,
     counts: Counts,
+    _try: Attempt,
 ) -> None:
     """An ``admitted`` or ``starting`` lease: no prompt can have been written, so its holder's death ends it.
 
@@ -164,10 +173,15 @@ def _is_local(plane: AdmissionService, host_id: str | None) -> bool:
     return host_id is None or host_id == plane.host_id
 
 
-def _try(operation: Callable[..., object], *args: Any) -> bool:
+def _attempt(operation: Callable[..., object], *args: Any) -> bool:
     """Run one fenced operation: whether it took effect (it fails, or returns ``False``, when a
     concurrent owner moved the lease or the request)."""
     try:
         return operation(*args) is not False
     except AdmissionError:
         return False
+
+
+def _pretend(operation: Callable[..., object], *args: Any) -> bool:
+    """A dry run's operation: nothing is called, and it counts as having taken effect."""
+    return True

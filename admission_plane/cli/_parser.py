@@ -16,11 +16,12 @@ from ._commands import (
     cmd_demo,
     cmd_events,
     cmd_keys_init,
-    cmd_reap,
     cmd_status,
 )
 from ._common import EXIT_ERROR, PROG, default_database
+from ._policy import add_scope_arguments, cmd_pause, cmd_policy_history, cmd_policy_set, cmd_policy_show, cmd_resume
 from ._release import cmd_release
+from ._serve import cmd_reap_or_dry_run, cmd_serve, package_version
 
 #: The most worker processes, and turns per worker, the demo runs (its plan is built up front).
 MAX_DEMO_AGENTS = 64
@@ -107,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Keys come from ADMISSION_PLANE_ENCRYPTION_KEY and ADMISSION_PLANE_CONTENT_KEY (64 hex "
         "characters each) or from the key file; never from the command line.",
     )
+    parser.add_argument("--version", action="version", version=f"{PROG} {package_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     db = commands.add_parser(
@@ -194,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Release seats whose connector, child and process group are "
         "proved gone; mark suspects; never requeue.",
     )
-    reap.set_defaults(handler=cmd_reap)
+    reap.add_argument("--dry-run", action="store_true", help="print what a pass would do, changing nothing")
+    reap.set_defaults(handler=cmd_reap_or_dry_run)
 
     release = commands.add_parser(
         "release",
@@ -207,6 +210,64 @@ def build_parser() -> argparse.ArgumentParser:
     release.add_argument("lease_id", metavar="LEASE_ID", help="the lease to release (leases.lease_id)")
     release.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     release.set_defaults(handler=cmd_release)
+
+    serve = commands.add_parser(
+        "serve",
+        parents=[common, sharing],
+        help="serve /metrics and the live dashboard (the web extra)",
+        description="Serve Prometheus metrics (/metrics) and a live dashboard read from the database, on "
+        "127.0.0.1 unless --host says otherwise; actions need the operator token "
+        "($ADMISSION_PLANE_OPERATOR_TOKEN or --token-file). Stops gracefully on SIGINT or SIGTERM.",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=_non_negative, default=8321, help="port (default 8321; 0: any free port)")
+    serve.add_argument(
+        "--token-file", metavar="PATH", help="operator token file (default: operator-token in the state directory)"
+    )
+    serve.add_argument("--tick", type=_seconds, default=1.0, metavar="SECONDS", help="dashboard refresh (default 1)")
+    serve.set_defaults(handler=cmd_serve)
+
+    policy = commands.add_parser(
+        "policy",
+        help="show, set and list live policy revisions",
+        description="The live admission policy: every connector applies a new revision at its next "
+        "transaction, without a restart.",
+    )
+    policy_commands = policy.add_subparsers(dest="policy_command", metavar="ACTION", required=True)
+    show = policy_commands.add_parser(
+        "show", parents=[common, sharing], help="print the policy in force", description="Print the policy in force."
+    )
+    show.set_defaults(handler=cmd_policy_show)
+    set_ = policy_commands.add_parser(
+        "set",
+        parents=[common, sharing],
+        help="put a new revision in force",
+        description="Read a JSON object of policy fields (max_active_turns, max_concurrent_starts, "
+        "min_start_interval_ms, queue_timeout_ms, capacity_cooldown_ms, lanes, key_limits, "
+        "max_turns_per_session, session_overflow) and put the current policy with those fields changed in "
+        "force as a new revision. Lowering a limit never stops a running turn.",
+    )
+    set_.add_argument("--file", "-f", required=True, metavar="PATH", help="the JSON file ('-': standard input)")
+    set_.set_defaults(handler=cmd_policy_set)
+    history = policy_commands.add_parser(
+        "history",
+        parents=[common, sharing],
+        help="list revisions, newest first",
+        description="List the live policy revisions, newest first.",
+    )
+    history.add_argument("--limit", type=_at_most(1000), default=20, metavar="N", help="how many, 1..1000 (default 20)")
+    history.set_defaults(handler=cmd_policy_history)
+
+    for name, handler, verb in (("pause", cmd_pause, "Pause"), ("resume", cmd_resume, "Resume")):
+        steer = commands.add_parser(
+            name,
+            parents=[common, sharing],
+            help=f"{name} admission (everything, a lane or a provider/model key)",
+            description=f"{verb} admission: everything, one --lane, or one --provider/--model key. Running turns "
+            "go on and queue time-outs still apply.",
+        )
+        add_scope_arguments(steer)
+        steer.set_defaults(handler=handler)
 
     demo = commands.add_parser(
         "demo",

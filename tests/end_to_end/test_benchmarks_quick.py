@@ -109,3 +109,16 @@ def test_quick_postgres_contention_has_no_raw_errors_and_respects_the_seat_limit
     runs = [run for variant in figures["contention_pg"].values() for run in variant.values()]
     assert runs
     assert all(run["turns"] > 0 and run["max_seats"] <= 4 and run["final_seats"] == 0 for run in runs)
+
+
+def test_quick_adversarial_depth_runs_every_shape_on_both_dialects(quick_run) -> None:
+    """Every adversarial queue shape ran both operations (its checks: each admission chose the shape's next
+    request, each look said what to wait for), on SQLite and, with a server, on PostgreSQL."""
+    _, report = quick_run
+    figures = report["figures"]
+    shapes = figures["depth_adversarial"]["sqlite"]
+    assert len(shapes) >= 12
+    assert all(set(operations) == {"admit_next", "waiting_look"} for operations in shapes.values())
+    unavailable = figures.get("postgres", {}).get("unavailable")
+    require(unavailable is None, unavailable or "")
+    assert set(figures["depth_adversarial"]["postgresql"]) == set(shapes)
