@@ -110,9 +110,18 @@ def test_readme_postgres_block_runs(block: str, postgres_url: str, checkout_like
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+#: ``print(...)  # what it prints`` in a Python block: the comment is the output the README promises.
+PROMISED_OUTPUT = re.compile(r"^\s*print\(.*\)  # (.+?)(?: \.\.\.)?$", re.MULTILINE)
+
+
+def promised_outputs(block: str) -> list[str]:
+    """What ``block`` says its ``print`` calls print (a trailing `` ...`` means "and more")."""
+    return PROMISED_OUTPUT.findall(block)
+
+
 @pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=block_id)
 def test_readme_python_example_runs(block: str, tmp_path: Path) -> None:
-    """The library example runs as a script and its turn completes."""
+    """The library example runs as a script and prints what its comments promise."""
     script = tmp_path / "example.py"
     script.write_text(block, encoding="utf-8")
     result = subprocess.run(
@@ -125,7 +134,10 @@ def test_readme_python_example_runs(block: str, tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "completed" in result.stdout
+    promised = promised_outputs(block)
+    assert promised, "every Python example shows what it prints"
+    for output in promised:
+        assert output in result.stdout, (output, result.stdout)
 
 
 def test_readme_covers_every_command_line_command() -> None:
@@ -141,6 +153,11 @@ def test_readme_covers_every_command_line_command() -> None:
         "events",
         "reap",
         "release",
+        "policy set",
+        "policy show",
+        "policy history",
+        "pause",
+        "resume",
         "demo",
     ):
         assert f"admission-plane {command}" in text, command
