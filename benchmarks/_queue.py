@@ -23,7 +23,9 @@ from typing import Any
 
 import attrs
 
+from admission_plane import AdmissionPlane, DispatchRecord
 from admission_plane.crypto import SecretKey, content_fingerprint, event_correlation, seal
+from admission_plane.evidence import capture
 from admission_plane.store.statements import journal, queue, requests
 from admission_plane.store.tx import Statement
 
@@ -262,3 +264,22 @@ def index_mismatches(target: str | os.PathLike[str]) -> list[str]:
             for first, second in ((expected, actual), (actual, expected))
         )
     ]
+
+
+def activate_queued(plane: AdmissionPlane, request_id: str, now: int) -> None:
+    """Admit the queued ``request_id`` (it must be the rule's choice) and take it to ``active``: it keeps its seat."""
+    owner = plane.owner_identity.owner_instance_id
+    lease = plane.admit_request(request_id, now + 1, owner)
+    assert lease is not None
+    plane.mark_starting(lease, now + 2)
+    record = DispatchRecord(
+        request_id=request_id,
+        lease_id=lease.lease_id,
+        generation=lease.generation,
+        owner_instance_id=owner,
+        connector=plane.owner_identity,
+        child=capture(plane.owner_identity.process.pid),
+        prompt_channel="stdin",
+    )
+    assert plane.commit_dispatch_intent(record).ok
+    plane.mark_active(lease, now + 4)

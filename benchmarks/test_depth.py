@@ -23,11 +23,10 @@ from typing import Any
 
 import pytest
 
-from admission_plane import AdmissionPlane, DispatchRecord
-from admission_plane.evidence import capture
+from admission_plane import AdmissionPlane
 from admission_plane.service import _admission
 
-from ._queue import Queued, Spec, bulk_queue
+from ._queue import Queued, Spec, activate_queued, bulk_queue
 from ._support import (
     DEPTH_ROUNDS,
     DEPTHS,
@@ -59,21 +58,7 @@ def _enqueue(plane: AdmissionPlane, request_id: str, agent: int, now: int) -> No
 def _hold_seat(plane: AdmissionPlane, request_id: str, agent: int, now: int) -> None:
     """Queue, admit and activate one turn of ``agent`` (it keeps its seat)."""
     _enqueue(plane, request_id, agent, now)
-    owner = plane.owner_identity.owner_instance_id
-    lease = plane.admit_request(request_id, now + 1, owner)
-    assert lease is not None
-    plane.mark_starting(lease, now + 2)
-    record = DispatchRecord(
-        request_id=request_id,
-        lease_id=lease.lease_id,
-        generation=lease.generation,
-        owner_instance_id=owner,
-        connector=plane.owner_identity,
-        child=capture(plane.owner_identity.process.pid),
-        prompt_channel="stdin",
-    )
-    assert plane.commit_dispatch_intent(record).ok
-    plane.mark_active(lease, now + 4)
+    activate_queued(plane, request_id, now)
 
 
 def _bulk_queue(path: Path, depth: int, start: int, owner_instance_id: str) -> None:

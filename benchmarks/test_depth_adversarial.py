@@ -35,12 +35,12 @@ from typing import Any
 import attrs
 import pytest
 
-from admission_plane import AdmissionPlane, DispatchRecord, KeyLimit, Lane, Policy
-from admission_plane.evidence import ConnectorIdentity, capture
+from admission_plane import AdmissionPlane, KeyLimit, Lane, Policy
+from admission_plane.evidence import ConnectorIdentity
 from admission_plane.service import _admission
 from admission_plane.service._admission import Wake
 
-from ._queue import Queued, Spec, bulk_queue, enqueue, index_mismatches, index_tables
+from ._queue import Queued, Spec, activate_queued, bulk_queue, enqueue, index_mismatches, index_tables
 from ._support import (
     CONTENT_KEY,
     DEPTH_ROUNDS,
@@ -251,21 +251,7 @@ def _open(target: str, policy: Policy, owner: ConnectorIdentity | None = None) -
 def _hold_seat(plane: AdmissionPlane, request_id: str, spec: Spec, now: int) -> None:
     """Queue, admit and activate one turn (it keeps its seat)."""
     enqueue(plane, Queued(request_id, spec, now))
-    owner = plane.owner_identity.owner_instance_id
-    lease = plane.admit_request(request_id, now + 1, owner)
-    assert lease is not None
-    plane.mark_starting(lease, now + 2)
-    record = DispatchRecord(
-        request_id=request_id,
-        lease_id=lease.lease_id,
-        generation=lease.generation,
-        owner_instance_id=owner,
-        connector=plane.owner_identity,
-        child=capture(plane.owner_identity.process.pid),
-        prompt_channel="stdin",
-    )
-    assert plane.commit_dispatch_intent(record).ok
-    plane.mark_active(lease, now + 4)
+    activate_queued(plane, request_id, now)
 
 
 def _queue(shape: Shape, depth: int, start: int) -> list[Queued]:

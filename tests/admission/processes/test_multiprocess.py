@@ -31,21 +31,6 @@ ONE_SEAT = (1, 1, 0, 1_800_000, 30_000)
 
 
 @pytest.fixture
-def spawn() -> Iterator[Callable[..., WorkerProcess]]:
-    """Start worker processes; every one still running is killed when the test ends."""
-    started: list[WorkerProcess] = []
-
-    def start(*args: str) -> WorkerProcess:
-        worker = WorkerProcess(*args)
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        worker.kill()
-
-
-@pytest.fixture
 def child_processes() -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
     """Real ``sleep`` processes in their own process groups (to be recorded as dispatch children); killed afterwards."""
     started: list[subprocess.Popen[bytes]] = []

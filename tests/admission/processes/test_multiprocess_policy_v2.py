@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,21 +43,6 @@ RACE_POLICY = Policy(
     max_turns_per_session=1,
 )
 ADMIN = Path(sys.executable).with_name("admission-plane")
-
-
-@pytest.fixture
-def spawn() -> Iterator[Callable[..., WorkerProcess]]:
-    """Start worker processes; every one still running is killed when the test ends."""
-    started: list[WorkerProcess] = []
-
-    def start(*args: str) -> WorkerProcess:
-        worker = WorkerProcess(*args)
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        worker.kill()
 
 
 def requests_by_correlation(plane: AdmissionPlane, database: str) -> dict[str, dict[str, str]]:
