@@ -66,6 +66,13 @@ EXTRA = 4
 PROBE_ROUNDS = 3 if QUICK else 20
 #: A cooldown that outlasts every run.
 FAR = 4_000_000_000_000
+
+
+def _behind(wake: Wake) -> bool:
+    """Behind other requests: it waits for departures only (how many: the idle agents ahead, at most 64)."""
+    return 1 <= wake.queue <= 64 and not wake.seats and not wake.starts and wake.at is None
+
+
 P = "antigravity"
 
 
@@ -116,7 +123,7 @@ SHAPES = {
             _agents(16),
             None,
             lambda spec: spec.agent not in {seat.agent for seat in _BUSY},
-            lambda wake: wake.queue == 1,
+            _behind,
             seats=_BUSY,
         ),
         Shape(
@@ -185,7 +192,7 @@ SHAPES = {
             _agents(16, lane="batch"),
             Spec(agent="agent-o", session="s-o", lane="interactive"),
             lambda spec: spec.lane == "interactive",
-            lambda wake: wake == Wake(queue=1),
+            _behind,
             policy=_policy(lanes=(_INTERACTIVE, _BATCH)),
             extra=1,
         ),
@@ -223,7 +230,7 @@ SHAPES = {
             lambda index: Spec(agent=f"agent-{index % 16}", session=f"s-{index % 16}", model=f"m-{index:06d}"),
             None,
             lambda spec: True,
-            lambda wake: wake == Wake(queue=1),
+            _behind,
             probe=True,
         ),
         Shape(

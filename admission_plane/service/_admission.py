@@ -27,7 +27,16 @@ from ..values import AdmittedLease
 from . import _policy, _queue_index
 from ._context import PlaneContext
 from ._enqueue import record_admitting_owner
-from ._selection import Facts, KeyBlock, choose, key_block, limits_of, session_full, spend_credits
+from ._selection import (
+    Facts,
+    KeyBlock,
+    choose,
+    idle_agents_ahead,
+    key_block,
+    limits_of,
+    session_full,
+    spend_credits,
+)
 from ._transitions import NewLease, QueuedRequest, change
 
 S = RequestState
@@ -149,7 +158,8 @@ def look(ctx: PlaneContext, tx: Tx, request_id: str, now: int, plan_wait: bool =
     if session_full(limits, facts, entry.session_id) or facts.agent_seats[entry.agent_id]:
         # Picked once a seat of ours is freed, or once the requests ahead of ours have left.
         return Wake(queue=1, seats=True)
-    return Wake(queue=1)
+    ahead = idle_agents_ahead(tx, limits, facts, entry.lane, (entry.enqueued_at, request_id))
+    return Wake(queue=max(1, ahead or 0))
 
 
 def expire_queued(ctx: PlaneContext, tx: Tx, now: int) -> None:

@@ -51,6 +51,7 @@ from ..store.statements.queue import (
     SELECT_ACTIVE_COOLDOWNS,
     SELECT_CREDITS,
     SELECT_KEYS,
+    SELECT_KEYS_OF_LANE,
     SELECT_PAUSES,
     SELECT_SEATS,
     SESSION_PAGE,
@@ -59,6 +60,9 @@ from ..store.tx import Query, Tx
 
 #: Heads read per page while walking a group's members.
 PAGE = 8
+#: How many idle agents ahead a waiter counts (:func:`idle_agents_ahead`): the count is then a
+#: lower bound, and the look's cost does not grow with the queue.
+RANK_HORIZON = 64
 #: Before every head: ``(enqueued_at, request_id)`` sorts after it.
 _START = (-1, "")
 
@@ -314,13 +318,43 @@ def _first_open_session(
     return None
 
 
-def _pages(tx: Tx, query: Query[MemberHeadRow], params: dict[str, str]) -> Iterable[MemberHeadRow]:
+def idle_agents_ahead(
+    tx: Tx, limits: Limits, facts: Facts, lane: str, head: Head, horizon: int = RANK_HORIZON
+) -> int | None:
+    """How many agents holding no seat have a request in ``lane`` ahead of ``head`` (counted up to
+    ``horizon``), or ``None`` when that count is no lower bound on what must leave the queue
+    before ``head``'s request can be chosen.
+
+    It is one when the policy has no keyed and no per-session limit: then one departure makes
+    at most one agent busy (or leaves), so the idle agents ahead shrink by at most one per
+    departure; a freed seat or a payload stored can only add to them. With keyed or session
+    limits one admission can hold back a whole key or session at once, and the waiter must
+    look at every departure. The walk reads one page of agent heads per open key of the lane.
+    """
+    if limits.key_active or limits.provider_active or limits.provider_starts or limits.session_limit is not None:
+        return None
+    agents: set[str] = set()
+    for key in tx.all(SELECT_KEYS_OF_LANE, {"lane": lane}):
+        if key_block(limits, facts, key.provider, key.model) is not None:
+            continue
+        params = {"lane": lane, "provider": key.provider, "model": key.model}
+        for member in _pages(tx, AGENT_PAGE, params, horizon + len(facts.agent_seats)):
+            if (member.head_enqueued_at, member.head_request_id) >= head or len(agents) >= horizon:
+                break
+            if not facts.agent_seats[member.member]:
+                agents.add(member.member)
+    return min(len(agents), horizon)
+
+
+def _pages(
+    tx: Tx, query: Query[MemberHeadRow], params: dict[str, str], page_size: int = PAGE
+) -> Iterable[MemberHeadRow]:
     """A group's members in head order, read a page at a time (most walks stop in the first)."""
     after: Head = _START
     while True:
-        page = tx.all(query, {**params, "after_enqueued_at": after[0], "after_request_id": after[1], "page": PAGE})
+        page = tx.all(query, {**params, "after_enqueued_at": after[0], "after_request_id": after[1], "page": page_size})
         yield from page
-        if len(page) < PAGE:
+        if len(page) < page_size:
             return
         last = page[-1]
         after = (last.head_enqueued_at, last.head_request_id)

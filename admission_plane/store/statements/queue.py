@@ -135,6 +135,13 @@ SELECT_KEYS = Query(
     ),
     KeyHeadRow,
 )
+#: One lane's keys (what a waiter's rank walks).
+SELECT_KEYS_OF_LANE = Query(
+    select(QK.lane, QK.provider, QK.model, QK.head_enqueued_at, QK.head_request_id)
+    .where(QK.lane == P("lane"))
+    .order_by(QK.head_enqueued_at, QK.head_request_id),
+    KeyHeadRow,
+)
 _after = tuple_(P("after_enqueued_at"), P("after_request_id"))
 #: A page of a key's agents, in head order, after a given head.
 AGENT_PAGE = Query(

@@ -16,7 +16,7 @@ from dbutil import pg_engine
 from planes import ONE_SEAT, Clock, admit, enqueue, lease_in_phase
 from sqlalchemy import text
 
-from admission_plane import AdmissionPlane, InvalidInputError, LiveTurnCompletion, Policy, RequestState
+from admission_plane import AdmissionPlane, InvalidInputError, KeyLimit, LiveTurnCompletion, Policy, RequestState
 from admission_plane.service import DOORBELL_FALLBACK_MS, _admission, wall_clock_ms
 from admission_plane.service._admission import Wake as _Wake
 from admission_plane.store.doorbell import CHANNEL, EVERYONE_STEP, Bell, Chimes, Doorbell, ring
@@ -191,19 +191,18 @@ def count_looks(plane: AdmissionPlane, monkeypatch: pytest.MonkeyPatch) -> list[
     return looks
 
 
-@SQLITE_ONLY
-def test_a_waiter_behind_two_idle_agents_looks_again_at_each_departure_and_only_then(
-    make_plane: Callable[..., AdmissionPlane], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Between looks it only reads the doorbell; each departure ahead of it makes it look once (the admission rule
-    may reorder the queue, so it no longer counts its place), and the second departure lets it win."""
+def _wait_behind_two_idle_agents(
+    make_plane: Callable[..., AdmissionPlane], monkeypatch: pytest.MonkeyPatch, policy: Policy
+) -> list[tuple[str, int]]:
+    """Wait for "mine" behind the requests of two idle agents, which another plane admits at the
+    third and sixth doorbell read; return every look of the waiting plane as (request, reads so far)."""
     clock = Clock()
-    plane = make_plane(policy=Policy(3, 3, 0, 1_800_000, 30_000), clock=clock)
-    other = make_plane(policy=Policy(3, 3, 0, 1_800_000, 30_000))
+    plane = make_plane(policy=policy, clock=clock)
+    other = make_plane(policy=policy)
     enqueue(plane, "first", agent_id="a", now=900)
     enqueue(plane, "second", agent_id="b", now=901)
     enqueue(plane, "mine", agent_id="c", now=902)
-    looks: list[tuple[str, int]] = []  # (request, sleeps so far) of every look the waiting plane runs
+    looks: list[tuple[str, int]] = []
     admitted: list[str] = []
     original_look = _admission.look
 
@@ -225,9 +224,28 @@ def test_a_waiter_behind_two_idle_agents_looks_again_at_each_departure_and_only_
     assert admitted == ["first", "second"]
     assert lease is not None
     assert lease.request_id == "mine"
-    # One look at the start and one right after each departure; no look on a doorbell read that found nothing new.
-    assert looks == [("mine", 0), ("mine", 3), ("mine", 6)]
     assert len(clock.sleeps) == 6
+    return looks
+
+
+@SQLITE_ONLY
+def test_a_waiter_behind_two_idle_agents_looks_again_only_after_two_departures(
+    make_plane: Callable[..., AdmissionPlane], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between looks it only reads the doorbell; one departure is not enough, the second makes it look and win."""
+    looks = _wait_behind_two_idle_agents(make_plane, monkeypatch, Policy(3, 3, 0, 1_800_000, 30_000))
+    assert looks == [("mine", 0), ("mine", 6)], "one look at the start, one after the second departure"
+
+
+@SQLITE_ONLY
+def test_with_keyed_limits_a_waiter_behind_others_looks_again_at_each_departure(
+    make_plane: Callable[..., AdmissionPlane], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a keyed limit one admission may hold back a whole key, so the place in line is no bound: the waiter
+    looks once after each departure, and never on a doorbell read that found nothing new."""
+    policy = Policy(3, 3, 0, 1_800_000, 30_000, key_limits=(KeyLimit("antigravity", max_active_turns=3),))
+    looks = _wait_behind_two_idle_agents(make_plane, monkeypatch, policy)
+    assert looks == [("mine", 0), ("mine", 3), ("mine", 6)]
 
 
 @SQLITE_ONLY
