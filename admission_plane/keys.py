@@ -126,39 +126,50 @@ def _keys_from_environment() -> KeyPair | None:
     )
 
 
+def read_private_file(path: Path, kind: str, max_bytes: int) -> str:
+    """The ASCII text of a secret file (the key file, the operator token file), held to one rule:
+    a regular file (no link followed, a FIFO refused at once), ours, mode 0600, in a directory
+    only we may use, at most ``max_bytes``. Anything else raises :class:`MissingKeyError` naming
+    ``kind`` and ``path``, never the content; a missing file raises :class:`FileNotFoundError`."""
+    # Non-blocking: opening a FIFO for reading would otherwise wait for a writer.
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as error:
+        raise MissingKeyError(f"{kind} file {path} cannot be opened: {error.strerror}") from None
+    try:
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode):
+            raise MissingKeyError(f"{kind} file {path} is not a regular file")
+        if status.st_uid != os.geteuid():
+            raise MissingKeyError(f"{kind} file {path} belongs to another user")
+        if status.st_mode & 0o077:
+            raise MissingKeyError(
+                f"{kind} file {path} is accessible by other users (mode {stat.S_IMODE(status.st_mode):04o}); "
+                "run chmod 600 on it"
+            )
+        _check_directory(path.parent, kind)
+        raw = os.read(descriptor, max_bytes + 1)
+    finally:
+        os.close(descriptor)
+    if len(raw) > max_bytes:
+        raise MissingKeyError(f"{kind} file {path} is too large")
+    try:
+        return raw.decode("ascii")
+    except UnicodeDecodeError:
+        raise MissingKeyError(f"{kind} file {path} is malformed") from None
+
+
 def _read_key_file(path: Path) -> KeyPair:
     try:
-        # Non-blocking: opening a FIFO for reading would otherwise wait for a writer.
-        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        text = read_private_file(path, "key", _MAX_KEY_FILE_BYTES)
     except FileNotFoundError:
         raise MissingKeyError(
             f"no keys: set {ENCRYPTION_KEY_VARIABLE} and {CONTENT_KEY_VARIABLE}, "
             f"or create {path} with `admission-plane keys init`"
         ) from None
-    except OSError as error:
-        raise MissingKeyError(f"key file {path} cannot be opened: {error.strerror}") from None
-    try:
-        status = os.fstat(descriptor)
-        if not stat.S_ISREG(status.st_mode):
-            raise MissingKeyError(f"key file {path} is not a regular file")
-        if status.st_uid != os.geteuid():
-            raise MissingKeyError(f"key file {path} belongs to another user")
-        if status.st_mode & 0o077:
-            raise MissingKeyError(
-                f"key file {path} is accessible by other users (mode {stat.S_IMODE(status.st_mode):04o}); "
-                "run chmod 600 on it"
-            )
-        _check_directory(path.parent)
-        raw = os.read(descriptor, _MAX_KEY_FILE_BYTES + 1)
-    finally:
-        os.close(descriptor)
-    if len(raw) > _MAX_KEY_FILE_BYTES:
-        raise MissingKeyError(f"key file {path} is too large")
     values: dict[str, str] = {}
-    try:
-        text = raw.decode("ascii")
-    except UnicodeDecodeError:
-        raise MissingKeyError(f"key file {path} is malformed") from None
     for line in text.splitlines():
         if not line.strip() or line.lstrip().startswith("#"):
             continue
@@ -176,17 +187,17 @@ def _read_key_file(path: Path) -> KeyPair:
     )
 
 
-def _check_directory(directory: Path) -> None:
-    """Refuse a key directory that another user owns or may read or write (it must be 0700)."""
+def _check_directory(directory: Path, kind: str = "key") -> None:
+    """Refuse a directory of secrets that another user owns or may read or write (it must be 0700)."""
     try:
         status = os.stat(directory)
     except OSError as error:
-        raise MissingKeyError(f"key directory {directory} cannot be inspected: {error.strerror}") from None
+        raise MissingKeyError(f"{kind} directory {directory} cannot be inspected: {error.strerror}") from None
     if status.st_uid != os.geteuid():
-        raise MissingKeyError(f"key directory {directory} belongs to another user")
+        raise MissingKeyError(f"{kind} directory {directory} belongs to another user")
     if status.st_mode & 0o077:
         raise MissingKeyError(
-            f"key directory {directory} is accessible by other users (mode {stat.S_IMODE(status.st_mode):04o}); "
+            f"{kind} directory {directory} is accessible by other users (mode {stat.S_IMODE(status.st_mode):04o}); "
             "run chmod 700 on it"
         )
 

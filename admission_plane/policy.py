@@ -156,7 +156,7 @@ class Policy:
     #: ``capacity_cooldown_ms`` applies when a capacity failure carries no signal).
     max_cooldown_ms: int = attrs.field(default=DEFAULT_MAX_COOLDOWN_MS, validator=_non_negative)
 
-    def as_tuple(self) -> tuple[int, int, int, int, int]:
+    def as_tuple(self) -> tuple[int, int, int, int, int]:  # the order of SEED_FIELDS
         """The seed's normalized policy tuple (the order the fingerprint hashes)."""
         return (
             self.max_active_turns,
@@ -265,3 +265,7 @@ def _from_json_items(items: Any, kind: type[Any], label: str) -> Iterable[Any]:
         if not isinstance(item, Mapping) or not set(item) <= allowed:
             raise InvalidInputError(f"admission policy {label} entries must be objects with fields {sorted(allowed)}")
         yield kind(**item)
+
+
+#: The original's five policy fields, in the order of :meth:`Policy.as_tuple` (the durable row's columns).
+SEED_FIELDS = _JSON_FIELDS[:5]

@@ -293,8 +293,8 @@ class FloorConnector:
         }
         assert self._execute(transitions.RESERVE_REQUEST, params) == 1
         self._execute(transitions.INSERT_LEASE, params)
-        self._journal("request_admitted", "queued", "admitted", now)
         self._unindex(request_id)
+        self._journal("request_admitted", "queued", "admitted", now)
         self._commit()
         return lease_id, request_id, generation
 

@@ -24,7 +24,7 @@ from ..store.statements.queue import SELECT_ENTRY
 from ..store.statements.requests import SELECT_REQUEST_STATUS
 from ..store.tx import Tx
 from ..values import AdmittedLease
-from . import _policy, _queue_index
+from . import _policy
 from ._context import PlaneContext
 from ._enqueue import record_admitting_owner
 from ._selection import (
@@ -34,6 +34,7 @@ from ._selection import (
     idle_agents_ahead,
     key_block,
     limits_of,
+    read_keys,
     session_full,
     spend_credits,
 )
@@ -113,7 +114,7 @@ def admit_in_transaction(
     facts = Facts.read(tx, now)
     if capacity_block(tx, policy, facts, now) is not None:
         return None
-    choice = choose(tx, limits_of(policy.policy), facts)
+    choice = choose(tx, limits_of(policy.policy), facts, read_keys(tx))
     if choice is None or (only_request_id is not None and choice.request_id != only_request_id):
         return None
     candidate = tx.one(SELECT_CANDIDATE, {"request_id": choice.request_id})
@@ -122,7 +123,6 @@ def admit_in_transaction(
     spend_credits(tx, choice)
     lease = NewLease(str(uuid.uuid4()), choice.request_id, candidate.lease_generation + 1, owner_instance_id)
     change(ctx, tx, lease, EventKind.REQUEST_ADMITTED, S.ADMITTED, now)
-    _queue_index.remove(tx, choice.request_id)
     record_admitting_owner(ctx, tx, owner_instance_id, now)
     return AdmittedLease(lease.lease_id, lease.request_id, lease.generation, owner_instance_id)
 
@@ -135,7 +135,8 @@ def look(ctx: PlaneContext, tx: Tx, request_id: str, now: int, plan_wait: bool =
     policy = _policy.effective(ctx, tx)
     facts = Facts.read(tx, now)
     limits = limits_of(policy.policy)
-    choice = choose(tx, limits, facts)
+    keys = read_keys(tx)
+    choice = choose(tx, limits, facts, keys)
     if choice is not None and choice.request_id == request_id:
         block = capacity_block(tx, policy, facts, now, plan_wait=plan_wait)
         return Verdict.WRITE if block is None else block
@@ -158,15 +159,14 @@ def look(ctx: PlaneContext, tx: Tx, request_id: str, now: int, plan_wait: bool =
     if session_full(limits, facts, entry.session_id) or facts.agent_seats[entry.agent_id]:
         # Picked once a seat of ours is freed, or once the requests ahead of ours have left.
         return Wake(queue=1, seats=True)
-    ahead = idle_agents_ahead(tx, limits, facts, entry.lane, (entry.enqueued_at, request_id))
+    ahead = idle_agents_ahead(tx, limits, facts, keys.get(entry.lane, []), (entry.enqueued_at, request_id))
     return Wake(queue=max(1, ahead or 0))
 
 
 def expire_queued(ctx: PlaneContext, tx: Tx, now: int) -> None:
     """Time out every queued request past its deadline (each one a departure from the queue)."""
     for request_id in tx.column(SELECT_EXPIRED, {"now": now}):
-        if change(ctx, tx, QueuedRequest(request_id), EventKind.REQUEST_QUEUE_TIMED_OUT, S.QUEUE_TIMEOUT, now):
-            _queue_index.remove(tx, request_id)
+        change(ctx, tx, QueuedRequest(request_id), EventKind.REQUEST_QUEUE_TIMED_OUT, S.QUEUE_TIMEOUT, now)
 
 
 def capacity_block(

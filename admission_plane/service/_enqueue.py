@@ -34,7 +34,7 @@ from ..store.statements.requests import (
 )
 from ..store.tx import Tx
 from ..values import EnqueueResult
-from . import _journal, _policy, _queue_index
+from . import _journal, _policy
 from ._context import PlaneContext
 from ._transitions import QueuedRequest, change
 
@@ -199,8 +199,7 @@ def cancel_queued(ctx: PlaneContext, request_id: str, now: int) -> None:
 
     def work(tx: Tx) -> None:
         require_queued(tx, request_id)
-        if change(ctx, tx, QueuedRequest(request_id), EventKind.REQUEST_CANCELLED, S.CANCELLED, now):
-            _queue_index.remove(tx, request_id)
+        change(ctx, tx, QueuedRequest(request_id), EventKind.REQUEST_CANCELLED, S.CANCELLED, now)
 
     ctx.run(work)
 
@@ -217,10 +216,7 @@ def settle_owner_death(ctx: PlaneContext, request_id: str, owner_instance_id: st
             return False
         if tx.exists(LEASE_EXISTS_FOR_REQUEST, {"request_id": request_id}):
             return False
-        if not change(ctx, tx, QueuedRequest(request_id), EventKind.QUEUED_OWNER_DEAD, S.CANCELLED, now):
-            return False
-        _queue_index.remove(tx, request_id)
-        return True
+        return change(ctx, tx, QueuedRequest(request_id), EventKind.QUEUED_OWNER_DEAD, S.CANCELLED, now)
 
     return ctx.run(work)
 

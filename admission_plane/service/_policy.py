@@ -16,7 +16,7 @@ import attrs
 from .. import _validate as v
 from ..crypto import policy_fingerprint
 from ..errors import AdmissionRuntimeError, InvalidInputError
-from ..policy import Policy
+from ..policy import SEED_FIELDS, Policy
 from ..states import POLICY_EVENT_ID, DrainState, EventKind
 from ..store.doorbell import Bell
 from ..store.rows import PolicyRow
@@ -97,16 +97,7 @@ def complete_drain_if_settled(ctx: PlaneContext, tx: Tx, owner_instance_id: str,
         return
     if tx.scalar(COUNT_SEAT_LEASES) != 0:
         return
-    try:
-        settled = Policy(
-            1,
-            _integer(row.max_concurrent_starts, "durable policy max_concurrent_starts"),
-            _integer(row.min_start_interval_ms, "durable policy min_start_interval_ms"),
-            _integer(row.queue_timeout_ms, "durable policy queue_timeout_ms"),
-            _integer(row.capacity_cooldown_ms, "durable policy capacity_cooldown_ms"),
-        )
-    except InvalidInputError as error:
-        raise AdmissionRuntimeError(str(error)) from None
+    settled = durable_policy(Policy(), row, max_active_turns=1)
     values = {
         "max_concurrent_starts": settled.max_concurrent_starts,
         "min_start_interval_ms": settled.min_start_interval_ms,
@@ -183,21 +174,20 @@ class Effective:
     policy: Policy
     seat_limit: int | None
     revision: int
-    created_at: int
 
 
 def effective(ctx: PlaneContext, tx: Tx) -> Effective:
     """The policy in force, read in ``tx`` (one statement; a revision's document is parsed once)."""
     row = tx.one(SELECT_POLICY)
     if row is None:
-        return Effective(ctx.policy, ctx.policy.max_active_turns, 0, 0)
+        return Effective(ctx.policy, ctx.policy.max_active_turns, 0)
     seats = seat_limit(ctx, row)
     revision = row.revision
     if revision:
         if not isinstance(row.document, str):
             raise AdmissionRuntimeError("durable policy revision is missing")
-        return Effective(revised_policy(row), seats, _integer(revision, "durable policy revision"), 0)
-    return Effective(ctx.policy, seats, 0, 0)
+        return Effective(revised_policy(row), seats, _integer(revision, "durable policy revision"))
+    return Effective(ctx.policy, seats, 0)
 
 
 def revised_policy(row: PolicyRow) -> Policy:
@@ -240,7 +230,7 @@ def set_policy(ctx: PlaneContext, policy: Policy, now: int) -> PolicyRevision:
         tx.execute(INSERT_REVISION, {"revision": revision, "now": now, "document": document})
         row = tx.one(SELECT_POLICY)
         params = {
-            **{name: getattr(policy, name) for name in _SEED_FIELDS},
+            **{name: getattr(policy, name) for name in SEED_FIELDS},
             "policy_fingerprint": fingerprint_hex,
             "now": now,
             "owner_instance_id": ctx.owner_identity.owner_instance_id,
@@ -260,29 +250,14 @@ def current(ctx: PlaneContext) -> PolicyRevision:
     """The policy in force (revision 0: none set yet; then the durable seats and this plane's policy)."""
 
     def work(tx: Tx) -> PolicyRevision:
-        found = effective(ctx, tx)
-        if found.revision:
-            rows = [row for row in tx.all(SELECT_REVISIONS, {"limit": 1}) if row.revision == found.revision]
-            created = rows[0].created_at if rows else 0
-            return PolicyRevision(found.revision, created, found.policy)
         row = tx.one(SELECT_POLICY)
         if row is None:
             return PolicyRevision(0, 0, ctx.policy)
-        seats, starts, interval, timeout, cooldown = (
-            _integer(getattr(row, name), f"durable policy {name}") for name in _SEED_FIELDS
-        )
-        try:
-            durable = attrs.evolve(
-                ctx.policy,
-                max_active_turns=seats,
-                max_concurrent_starts=starts,
-                min_start_interval_ms=interval,
-                queue_timeout_ms=timeout,
-                capacity_cooldown_ms=cooldown,
-            )
-            return PolicyRevision(0, 0, durable)
-        except InvalidInputError as error:
-            raise AdmissionRuntimeError(str(error)) from None
+        if not row.revision:
+            return PolicyRevision(0, 0, durable_policy(ctx.policy, row))
+        newest = tx.all(SELECT_REVISIONS, {"limit": 1})  # a revision is put in force when it is written
+        created = newest[0].created_at if newest and newest[0].revision == row.revision else 0
+        return PolicyRevision(_integer(row.revision, "durable policy revision"), created, revised_policy(row))
 
     return ctx.run(work, read_only=True)
 
@@ -294,10 +269,20 @@ def history(ctx: PlaneContext, limit: int) -> tuple[PolicyRevision, ...]:
     return tuple(PolicyRevision(row.revision, row.created_at, parse_document(row.document)) for row in rows)
 
 
-_SEED_FIELDS = (
-    "max_active_turns",
-    "max_concurrent_starts",
-    "min_start_interval_ms",
-    "queue_timeout_ms",
-    "capacity_cooldown_ms",
-)
+def durable_policy(base: Policy, row: PolicyRow, *, max_active_turns: int | None = None) -> Policy:
+    """``base`` with the durable row's five original fields (the seats replaced by ``max_active_turns``
+    when given); checked, so a row holding what no policy may hold raises :class:`AdmissionRuntimeError`."""
+    seats, starts, interval, timeout, cooldown = (
+        _integer(getattr(row, name), f"durable policy {name}") for name in SEED_FIELDS
+    )
+    try:
+        return attrs.evolve(
+            base,
+            max_active_turns=seats if max_active_turns is None else max_active_turns,
+            max_concurrent_starts=starts,
+            min_start_interval_ms=interval,
+            queue_timeout_ms=timeout,
+            capacity_cooldown_ms=cooldown,
+        )
+    except InvalidInputError as error:
+        raise AdmissionRuntimeError(str(error)) from None

@@ -1,8 +1,9 @@
 """Keeping the admission index (:mod:`admission_plane.store.statements.queue`) in step with the queue.
 
 A request enters the index when it is queued *and* has its payload (only then may it be
-admitted), and leaves it when it leaves the queue, in the same transaction as the change
-that causes either. ``db check`` verifies the index against the queue
+admitted, :mod:`._payloads`), and leaves it when it leaves the queue (every such edge goes
+through :func:`admission_plane.service._transitions.change`) or loses its payload, in the
+same transaction as the change that causes either. ``db check`` verifies the index against the queue
 (:data:`admission_plane.store.statements.queue.INDEX_CHECKS`).
 """
 

@@ -51,7 +51,6 @@ from ..store.statements.queue import (
     SELECT_ACTIVE_COOLDOWNS,
     SELECT_CREDITS,
     SELECT_KEYS,
-    SELECT_KEYS_OF_LANE,
     SELECT_PAUSES,
     SELECT_SEATS,
     SESSION_PAGE,
@@ -214,13 +213,21 @@ class Choice:
     credits: dict[str, int] | None = None
 
 
-def choose(tx: Tx, limits: Limits, facts: Facts) -> Choice | None:
-    """The request the rule admits next (capacity aside), or ``None``."""
-    if facts.paused_all:
-        return None
-    keys_by_lane: dict[str, list[KeyHeadRow]] = {}
+Keys = dict[str, list[KeyHeadRow]]
+
+
+def read_keys(tx: Tx) -> Keys:
+    """Every lane's provider/model groups with their heads, in head order (one statement)."""
+    keys_by_lane: Keys = {}
     for row in tx.all(SELECT_KEYS):
         keys_by_lane.setdefault(row.lane, []).append(row)
+    return keys_by_lane
+
+
+def choose(tx: Tx, limits: Limits, facts: Facts, keys_by_lane: Keys) -> Choice | None:
+    """The request the rule admits next (capacity aside), or ``None``; ``keys_by_lane`` is :func:`read_keys`."""
+    if facts.paused_all:
+        return None
     # Lanes the policy no longer names still drain, after the named ones.
     lanes = (*limits.lanes, *sorted(set(keys_by_lane) - set(limits.lanes)))
     offers: dict[str, Offer] = {}
@@ -319,9 +326,9 @@ def _first_open_session(
 
 
 def idle_agents_ahead(
-    tx: Tx, limits: Limits, facts: Facts, lane: str, head: Head, horizon: int = RANK_HORIZON
+    tx: Tx, limits: Limits, facts: Facts, keys: list[KeyHeadRow], head: Head, horizon: int = RANK_HORIZON
 ) -> int | None:
-    """How many agents holding no seat have a request in ``lane`` ahead of ``head`` (counted up to
+    """How many agents holding no seat have a request ahead of ``head`` in the lane of ``keys`` (counted up to
     ``horizon``), or ``None`` when that count is no lower bound on what must leave the queue
     before ``head``'s request can be chosen.
 
@@ -334,10 +341,10 @@ def idle_agents_ahead(
     if limits.key_active or limits.provider_active or limits.provider_starts or limits.session_limit is not None:
         return None
     agents: set[str] = set()
-    for key in tx.all(SELECT_KEYS_OF_LANE, {"lane": lane}):
+    for key in keys:  # the lane's keys (from :func:`read_keys`)
         if key_block(limits, facts, key.provider, key.model) is not None:
             continue
-        params = {"lane": lane, "provider": key.provider, "model": key.model}
+        params = {"lane": key.lane, "provider": key.provider, "model": key.model}
         for member in _pages(tx, AGENT_PAGE, params, horizon + len(facts.agent_seats)):
             if (member.head_enqueued_at, member.head_request_id) >= head or len(agents) >= horizon:
                 break

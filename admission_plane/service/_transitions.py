@@ -41,7 +41,7 @@ from ..store.statements.transitions import (
     combined_edge,
 )
 from ..store.tx import Tx
-from . import _journal
+from . import _journal, _queue_index
 from ._context import PlaneContext
 
 
@@ -125,6 +125,7 @@ def _leave_queue(ctx: PlaneContext, tx: Tx, subject: QueuedRequest, move: Transi
     params = {"request_id": subject.request_id, "source": move.source, "target": move.target, "now": now}
     if tx.execute(END_QUEUED_REQUEST, params) != 1:
         return False
+    _queue_index.remove(tx, subject.request_id)
     _finish(ctx, tx, subject.request_id, move, now)
     return True
 
@@ -142,6 +143,7 @@ def _create_lease(ctx: PlaneContext, tx: Tx, lease: NewLease, move: Transition, 
     if tx.execute(RESERVE_REQUEST, params) != 1:
         raise AdmissionStateError("selected admission request is no longer queued")
     tx.execute(INSERT_LEASE, params)
+    _queue_index.remove(tx, lease.request_id)
     _finish(ctx, tx, lease.request_id, move, now)
 
 

@@ -33,7 +33,6 @@ __all__ = [
     "DispatchRow",
     "EntryRow",
     "EventRow",
-    "HeadRow",
     "IdentityRow",
     "KeyHeadRow",
     "LeaseRow",
@@ -51,7 +50,6 @@ __all__ = [
     "RevisionRow",
     "Row",
     "SeatRow",
-    "WaiterEntry",
     "as_params",
 ]
 
@@ -245,17 +243,6 @@ class QueuedEntry(Row):
 
     CHECKS = _checks(integer="enqueued_at", text="provider model")
     enqueued_at: Any
-    provider: Any
-    model: Any
-
-
-@attrs.frozen
-class WaiterEntry(Row):
-    """What a waiting connector's look needs to know about its own request."""
-
-    CHECKS = _checks(integer="enqueued_at", text="agent_id provider model")
-    enqueued_at: Any
-    agent_id: Any
     provider: Any
     model: Any
 
@@ -457,15 +444,6 @@ class EntryRow(Row):
     agent_id: Any
     session_id: Any
     enqueued_at: Any
-
-
-@attrs.frozen
-class HeadRow(Row):
-    """The oldest entry of a group: ``(enqueued_at, request_id)``."""
-
-    CHECKS = _checks(integer="head_enqueued_at", text="head_request_id")
-    head_enqueued_at: Any
-    head_request_id: Any
 
 
 @attrs.frozen

@@ -19,13 +19,12 @@ import hashlib
 import hmac
 import os
 import secrets
-import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import MissingKeyError
-from ..keys import state_directory
+from ..keys import read_private_file, state_directory
 
 OPERATOR_TOKEN_VARIABLE = "ADMISSION_PLANE_OPERATOR_TOKEN"  # noqa: S105 (a variable name, not a secret)
 TOKEN_FILE_NAME = "operator-token"  # noqa: S105 (a file name, not a secret)
@@ -65,34 +64,9 @@ def _checked(value: str, source: str) -> str:
 
 def _read_token_file(path: Path) -> str:
     try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        return read_private_file(path, "token", _MAX_TOKEN_FILE_BYTES)
     except FileNotFoundError:
         raise MissingKeyError(f"token file {path} does not exist") from None
-    except OSError as error:
-        raise MissingKeyError(f"token file {path} cannot be opened: {error.strerror}") from None
-    try:
-        status = os.fstat(descriptor)
-        if not stat.S_ISREG(status.st_mode):
-            raise MissingKeyError(f"token file {path} is not a regular file")
-        if status.st_uid != os.geteuid():
-            raise MissingKeyError(f"token file {path} belongs to another user")
-        if status.st_mode & 0o077:
-            raise MissingKeyError(
-                f"token file {path} is accessible by other users (mode {stat.S_IMODE(status.st_mode):04o}); "
-                "run chmod 600 on it"
-            )
-        directory = os.stat(path.parent)
-        if directory.st_uid != os.geteuid() or directory.st_mode & 0o077:
-            raise MissingKeyError(f"token file directory {path.parent} must be ours with mode 0700")
-        raw = os.read(descriptor, _MAX_TOKEN_FILE_BYTES + 1)
-    finally:
-        os.close(descriptor)
-    if len(raw) > _MAX_TOKEN_FILE_BYTES:
-        raise MissingKeyError(f"token file {path} is too large")
-    try:
-        return raw.decode("ascii")
-    except UnicodeDecodeError:
-        raise MissingKeyError(f"token file {path} is malformed") from None
 
 
 class Guard:

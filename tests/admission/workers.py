@@ -195,11 +195,7 @@ def run_race(database: str, index: str, seconds: str, policy_json: str, seed: st
                 fields = turn_fields(request_id, f"agent-{index}-{serial % 2}", rng.choice(MODELS))
                 if not tally.failed(tally.call("enqueue", lambda f=fields: plane.enqueue_with_payload(**f))):
                     mine.append(request_id)
-            if mine and rng.random() < 0.5:
-                target = rng.choice(mine)
-                lease = tally.call("admit_request", lambda t=target: plane.admit_request(t, wall_ms(), owner))
-            else:
-                lease = tally.call("admit_next", lambda: plane.admit_next(wall_ms(), owner))
+            lease = _admit_one(plane, owner, mine, tally, rng)
             if tally.failed(lease) or lease is None:
                 time.sleep(rng.uniform(0.001, 0.006))
                 continue
@@ -238,6 +234,14 @@ def turn_fields(request_id: str, agent_id: str, model: str) -> dict[str, Any]:
         "plaintext": prompt_for(request_id),
         "expires_at": now + 600_000,
     }
+
+
+def _admit_one(plane: AdmissionPlane, owner: str, mine: list[str], tally: Tally, rng: random.Random) -> Any:
+    """Half the time admit one of ``mine`` by id (only if the rule would choose it), else the rule's choice."""
+    if mine and rng.random() < 0.5:
+        target = rng.choice(mine)
+        return tally.call("admit_request", lambda: plane.admit_request(target, wall_ms(), owner))
+    return tally.call("admit_next", lambda: plane.admit_next(wall_ms(), owner))
 
 
 def _still_queued(plane: AdmissionPlane, request_id: str) -> bool:
@@ -362,11 +366,7 @@ def run_race_v2(database: str, index: str, seconds: str, policy_json: str, seed:
                 }
                 if not tally.failed(tally.call("enqueue", lambda f=fields: plane.enqueue_with_payload(**f))):
                     mine.append(request_id)
-            if mine and rng.random() < 0.5:
-                target = rng.choice(mine)
-                lease = tally.call("admit_request", lambda t=target: plane.admit_request(t, wall_ms(), owner))
-            else:
-                lease = tally.call("admit_next", lambda: plane.admit_next(wall_ms(), owner))
+            lease = _admit_one(plane, owner, mine, tally, rng)
             if tally.failed(lease) or lease is None:
                 time.sleep(rng.uniform(0.001, 0.006))
                 continue

@@ -17,7 +17,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from ...states import SEAT_PHASES
 from ..model import AdmissionPause, Cooldown, LaneCredit, Lease, QueueAgent, QueueEntry, QueueKey, QueueSession
 from ..model import TurnRequest as R
-from ..rows import CooldownRow, CreditRow, EntryRow, HeadRow, KeyHeadRow, MemberHeadRow, PauseRow, SeatRow
+from ..rows import CooldownRow, CreditRow, EntryRow, KeyHeadRow, MemberHeadRow, PauseRow, SeatRow
 from ..tx import Query, Statement
 from ._build import P, one_of
 
@@ -103,29 +103,6 @@ DROP_SESSION, MOVE_SESSION_HEAD = _level(QS, _SESSION, _SESSION_MEMBERS)
 DROP_AGENT, MOVE_AGENT_HEAD = _level(QA, _AGENT, _AGENT_MEMBERS)
 DROP_KEY, MOVE_KEY_HEAD = _level(QK, _KEY, _KEY_MEMBERS)
 
-# A group's oldest member (what its head must be); ``db check`` and the floor benchmark read them.
-NEXT_IN_SESSION = Query(
-    select(E.enqueued_at.label("head_enqueued_at"), E.request_id.label("head_request_id"))
-    .where(*(getattr(E, column) == P(column) for column in _SESSION))
-    .order_by(E.enqueued_at, E.request_id)
-    .limit(1),
-    HeadRow,
-)
-NEXT_IN_AGENT = Query(
-    select(QS.head_enqueued_at, QS.head_request_id)
-    .where(*_group(QS, *_AGENT))
-    .order_by(QS.head_enqueued_at, QS.head_request_id)
-    .limit(1),
-    HeadRow,
-)
-NEXT_IN_KEY = Query(
-    select(QA.head_enqueued_at, QA.head_request_id)
-    .where(*_group(QA, *_KEY))
-    .order_by(QA.head_enqueued_at, QA.head_request_id)
-    .limit(1),
-    HeadRow,
-)
-
 # --- what admission reads -----------------------------------------------------------------------
 
 #: Every (lane, key) group with its head, in head order within each lane.
@@ -135,30 +112,23 @@ SELECT_KEYS = Query(
     ),
     KeyHeadRow,
 )
-#: One lane's keys (what a waiter's rank walks).
-SELECT_KEYS_OF_LANE = Query(
-    select(QK.lane, QK.provider, QK.model, QK.head_enqueued_at, QK.head_request_id)
-    .where(QK.lane == P("lane"))
-    .order_by(QK.head_enqueued_at, QK.head_request_id),
-    KeyHeadRow,
-)
 _after = tuple_(P("after_enqueued_at"), P("after_request_id"))
-#: A page of a key's agents, in head order, after a given head.
-AGENT_PAGE = Query(
-    select(QA.agent_id.label("member"), QA.head_enqueued_at, QA.head_request_id)
-    .where(*_group(QA, *_KEY), tuple_(QA.head_enqueued_at, QA.head_request_id) > _after)
-    .order_by(QA.head_enqueued_at, QA.head_request_id)
-    .limit(P("page")),
-    MemberHeadRow,
-)
-#: A page of an agent's sessions (within one key), in head order, after a given head.
-SESSION_PAGE = Query(
-    select(QS.session_id.label("member"), QS.head_enqueued_at, QS.head_request_id)
-    .where(*_group(QS, *_AGENT), tuple_(QS.head_enqueued_at, QS.head_request_id) > _after)
-    .order_by(QS.head_enqueued_at, QS.head_request_id)
-    .limit(P("page")),
-    MemberHeadRow,
-)
+
+
+def _page(table: type[QueueSession] | type[QueueAgent], member: str, group: tuple[str, ...]) -> Query[MemberHeadRow]:
+    """A page of a group's members (``member`` of ``table``) in head order, after a given head."""
+    head = (table.head_enqueued_at, table.head_request_id)
+    return Query(
+        select(getattr(table, member).label("member"), *head)
+        .where(*_group(table, *group), tuple_(*head) > _after)
+        .order_by(*head)
+        .limit(P("page")),
+        MemberHeadRow,
+    )
+
+
+#: A page of a key's agents; a page of an agent's sessions (within one key).
+AGENT_PAGE, SESSION_PAGE = _page(QA, "agent_id", _KEY), _page(QS, "session_id", _AGENT)
 #: Every seat-holding lease with what it counts against (at most as many rows as seats held).
 SELECT_SEATS = Query(
     select(Lease.phase, Lease.acquired_at, R.provider, R.model, R.agent_id, R.session_id)
