@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import stat
 import sys
 from typing import Any
 
@@ -96,16 +98,10 @@ def _steer(args: argparse.Namespace, *, pause: bool) -> int:
 
 
 def _read_document(path: str) -> dict[str, Any]:
-    try:
-        if path == "-":
-            text = sys.stdin.read(MAX_POLICY_BYTES + 1)
-        else:
-            with open(path, encoding="utf-8") as handle:
-                text = handle.read(MAX_POLICY_BYTES + 1)
-    except OSError as error:
-        raise CommandFailed(f"cannot read the policy file: {error.strerror or error}") from None
-    except UnicodeDecodeError:
-        raise CommandFailed("the policy file is not UTF-8 text") from None
+    if path == "-":
+        text = sys.stdin.read(MAX_POLICY_BYTES + 1)
+    else:
+        text = _read_regular_file(path)
     if len(text) > MAX_POLICY_BYTES:
         raise CommandFailed(f"the policy file is larger than {MAX_POLICY_BYTES} bytes")
     try:
@@ -115,6 +111,28 @@ def _read_document(path: str) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise InvalidInputError("the policy file must hold a JSON object")
     return document
+
+
+def _read_regular_file(path: str) -> str:
+    """The file's text (at most one byte over the limit); a FIFO, a device or a directory is refused
+    at once (opened non-blocking, so a FIFO without a writer cannot hang the command)."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        raise CommandFailed(f"cannot read the policy file: {error.strerror or error}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise CommandFailed("cannot read the policy file: it is not a regular file")
+        chunks, size = [], 0
+        while size <= MAX_POLICY_BYTES and (chunk := os.read(descriptor, MAX_POLICY_BYTES + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(descriptor)
+    try:
+        return b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError:
+        raise CommandFailed("the policy file is not UTF-8 text") from None
 
 
 def _scope_text(lane: str | None, provider: str | None, model: str | None) -> str:

@@ -386,3 +386,67 @@ def test_bad_or_unreachable_url_is_a_one_line_error(url: str, workdir: Path, env
     result = cli(workdir, environment, "status", "--db", url)
     assert_one_line_error(result, "")
     assert "hunter2" not in result.stderr
+
+
+# --- policy set and pause/resume on bad input: one error line, nothing written -------------------
+
+BAD_DOCUMENTS = [
+    ("not json {", "not valid JSON"),
+    ("[1, 2]", "must hold a JSON object"),
+    ('{"bogus": 1}', "unknown fields: bogus"),
+    ('{"max_active_turns": 0}', "max_active_turns"),
+    ('{"min_start_interval_ms": 5}', "min_start_interval_ms"),
+    ('{"lanes": []}', "lanes"),
+    ('{"lanes": [{"name": "a"}, {"name": "a"}]}', "distinct"),
+    ('{"key_limits": [{"provider": "p", "model": "m", "max_concurrent_starts": 1}]}', "per-provider"),
+    ('{"session_overflow": "drop"}', "session_overflow"),
+    ("[" * 100_000, "not valid JSON"),
+]
+
+
+def _revisions(workdir: Path, environment: dict[str, str], database: str) -> str:
+    """The output of ``policy history`` (which must succeed)."""
+    result = cli(workdir, environment, "policy", "history", "--db", database)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.mark.parametrize(("document", "fragment"), BAD_DOCUMENTS, ids=[fragment for _, fragment in BAD_DOCUMENTS])
+def test_a_bad_policy_document_is_one_error_line_and_no_revision(
+    workdir: Path, environment: dict[str, str], migrated: str, document: str, fragment: str
+) -> None:
+    """A malformed, unknown-field or out-of-range policy file fails in one line and writes no revision."""
+    path = workdir / "policy.json"
+    path.write_text(document, encoding="utf-8")
+    result = cli(workdir, keyed(environment), "policy", "set", "--db", migrated, "--file", str(path))
+    assert_one_line_error(result, fragment)
+    assert _revisions(workdir, environment, migrated).strip() == "no policy revision has been set"
+
+
+def test_a_policy_file_that_is_missing_a_directory_or_a_fifo_is_refused(
+    workdir: Path, environment: dict[str, str], migrated: str
+) -> None:
+    """A missing file, a directory and a FIFO (which must not hang the command) are each one error line."""
+    fifo = workdir / "fifo.json"
+    os.mkfifo(fifo)
+    for path in (workdir / "absent.json", workdir, fifo):
+        result = cli(workdir, keyed(environment), "policy", "set", "--db", migrated, "--file", str(path))
+        assert_one_line_error(result, "cannot read the policy file")
+    assert _revisions(workdir, environment, migrated).strip() == "no policy revision has been set"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "fragment"),
+    [
+        (("--provider", "openai"), "both its provider and its model"),
+        (("--lane", "batch", "--model", "m"), "not both"),
+        (("--lane", " padded"), "identifier"),
+    ],
+)
+def test_a_bad_pause_scope_is_refused_and_pauses_nothing(
+    workdir: Path, environment: dict[str, str], migrated: str, arguments: tuple[str, ...], fragment: str
+) -> None:
+    """A half key, a lane with a model or a malformed name is one error line, and nothing is paused."""
+    assert_one_line_error(cli(workdir, keyed(environment), "pause", "--db", migrated, *arguments), fragment)
+    status = cli(workdir, environment, "status", "--db", migrated)
+    assert "paused           nothing" in status.stdout
