@@ -19,6 +19,7 @@ head`` from the project root (``-x url=...``, else ``ADMISSION_PLANE_DATABASE_UR
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -46,8 +47,10 @@ from .store.engine import (
     create_admission_engine,
     deferred,
     parse_url,
+    writer_lock_path,
 )
 from .store.failures import check_sqlite_path, connect, database_error, translated
+from .store.migration_lock import HELD, sqlite_gate
 from .store.model import ADMISSION_TABLES
 from .store.schema_spec import EXPECTED_REVISION, LEDGER, foreign_tables
 
@@ -122,8 +125,12 @@ def upgrade(target: DatabaseTarget, revision: str = "head", *, allow_foreign_tab
     one Alembic cannot reach :class:`AdmissionMigrationError`; neither changes anything.
     """
     v.identifier(revision, "migration target revision")
-    with _connection_for(target, must_exist=False, allow_foreign_tables=allow_foreign_tables) as connection:
-        _run(command.upgrade, _migration_config(connection, allow_foreign_tables), revision)
+    with _connection_for(target, must_exist=False, allow_foreign_tables=allow_foreign_tables, gate=True) as connection:
+        _run(
+            command.upgrade,
+            _migration_config(connection, allow_foreign_tables, gated=not isinstance(target, Connection)),
+            revision,
+        )
 
 
 def downgrade(target: DatabaseTarget, revision: str, *, allow_foreign_tables: bool = False) -> None:
@@ -133,8 +140,12 @@ def downgrade(target: DatabaseTarget, revision: str, *, allow_foreign_tables: bo
     and a ``revision`` it cannot take.
     """
     v.identifier(revision, "migration target revision")
-    with _connection_for(target, allow_foreign_tables=allow_foreign_tables) as connection:
-        _run(command.downgrade, _migration_config(connection, allow_foreign_tables), revision)
+    with _connection_for(target, allow_foreign_tables=allow_foreign_tables, gate=True) as connection:
+        _run(
+            command.downgrade,
+            _migration_config(connection, allow_foreign_tables, gated=not isinstance(target, Connection)),
+            revision,
+        )
 
 
 def _run(step: Callable[[Config, str], None], config: Config, revision: str) -> None:
@@ -150,9 +161,11 @@ def _run(step: Callable[[Config, str], None], config: Config, revision: str) -> 
         raise AdmissionMigrationError(detail) from error
 
 
-def _migration_config(connection: Connection, allow_foreign_tables: bool) -> Config:
+def _migration_config(connection: Connection, allow_foreign_tables: bool, *, gated: bool = False) -> Config:
     config = alembic_config(connection=connection)
     config.attributes["allow_foreign_tables"] = allow_foreign_tables
+    # SQLite: :func:`_connection_for` took the migration lock before connecting (env.py must not take it again).
+    config.attributes[HELD] = gated and connection.dialect.name == "sqlite"
     return config
 
 
@@ -175,7 +188,12 @@ def current_revision(target: DatabaseTarget) -> str | None:
 
 @contextmanager
 def _connection_for(
-    target: DatabaseTarget, *, read_only: bool = False, must_exist: bool = True, allow_foreign_tables: bool = True
+    target: DatabaseTarget,
+    *,
+    read_only: bool = False,
+    must_exist: bool = True,
+    allow_foreign_tables: bool = True,
+    gate: bool = False,
 ) -> Iterator[Connection]:
     """A connection on ``target``; every failure to reach or read the database said in one line.
 
@@ -191,8 +209,10 @@ def _connection_for(
     if not allow_foreign_tables:
         _refuse_foreign_sqlite_tables(url)
     engine = target if isinstance(target, Engine) else create_admission_engine(url, poolclass=NullPool)
+    # ``gate``: a migration of an SQLite file takes its lock before it connects (migration_lock.sqlite_gate).
+    held = sqlite_gate(writer_lock_path(engine), str(url.database)) if gate else contextlib.nullcontext()
     try:
-        with connect(engine) as connection, translated(url, engine.dialect):
+        with held, connect(engine) as connection, translated(url, engine.dialect):
             yield deferred(connection) if read_only else connection
     finally:
         if engine is not target:

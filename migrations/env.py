@@ -26,7 +26,7 @@ from sqlalchemy.pool import NullPool
 from admission_plane.errors import AdmissionMigrationError
 from admission_plane.migrate import STEP_ROLLED_BACK, prepare_migration, resolve_url
 from admission_plane.store.engine import create_admission_engine
-from admission_plane.store.migration_lock import migration_lock
+from admission_plane.store.migration_lock import HELD, migration_lock
 from admission_plane.store.model import metadata
 from admission_plane.store.schema_spec import foreign_tables
 from admission_plane.store.unit_of_work import contention_name
@@ -125,7 +125,8 @@ def run_on(connection: Connection) -> None:
     try:
         migration_context = context.get_context()
         moves = migration_context.opts.get("destination_rev") is not None
-        with migration_lock(connection) if moves else contextlib.nullcontext():
+        locking = moves and not config.attributes.get(HELD)  # held: the caller took it before connecting
+        with migration_lock(connection) if locking else contextlib.nullcontext():
             if moves:
                 prepare_migration(migration_context, context.script, allow_foreign_tables=sharing)
             with context.begin_transaction():

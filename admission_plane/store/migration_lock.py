@@ -35,7 +35,10 @@ from ..errors import AdmissionMigrationError
 from .doorbell import open_gate_file
 from .engine import redacted_url, writer_lock_path
 
-__all__ = ["DEFAULT_TIMEOUT_S", "MIGRATION_LOCK_KEY", "migration_lock"]
+__all__ = ["DEFAULT_TIMEOUT_S", "HELD", "MIGRATION_LOCK_KEY", "migration_lock", "sqlite_gate"]
+
+#: The Alembic config attribute saying the caller already holds the SQLite gate (:func:`sqlite_gate`).
+HELD = "admission_plane_migration_lock_held"
 
 #: ``pg_advisory_lock`` key of migrations ("admmigr" in ASCII).
 MIGRATION_LOCK_KEY = int.from_bytes(b"admmigr", "big")
@@ -102,7 +105,18 @@ def _advisory_lock(connection: Connection, external: bool, timeout_s: float) -> 
 
 @contextmanager
 def _file_lock(connection: Connection, timeout_s: float) -> Iterator[None]:
-    path = writer_lock_path(connection.engine)
+    with sqlite_gate(writer_lock_path(connection.engine), str(connection.engine.url.database), timeout_s):
+        yield
+
+
+@contextmanager
+def sqlite_gate(path: str | None, database: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Iterator[None]:
+    """Hold the SQLite writer gate ``path`` exclusively in the block (nothing when ``path`` is ``None``).
+
+    :mod:`admission_plane.migrate` takes it before it opens its connection, so that a migration
+    waiting for another one does not meet SQLite's own locks while it connects (under load a
+    connection's first pragmas could outwait the busy timeout behind another migration's steps).
+    """
     # Never through a link, never anything but a regular file; None: an unwritable directory, where
     # SQLite's own lock still serialises each step.
     fd = None if path is None else open_gate_file(path)
@@ -118,7 +132,7 @@ def _file_lock(connection: Connection, timeout_s: float) -> Iterator[None]:
         return True
 
     try:
-        _wait(attempt, timeout_s, str(connection.engine.url.database))
+        _wait(attempt, timeout_s, database)
         yield
     finally:
         os.close(fd)  # releases the flock
