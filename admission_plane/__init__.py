@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         AdmissionMigrationError,
         AdmissionRuntimeError,
         AdmissionStateError,
+        BudgetError,
         InvalidInputError,
         LeaseFenceError,
         MissingKeyError,
@@ -41,13 +42,14 @@ if TYPE_CHECKING:
     )
     from .evidence import ConnectorIdentity, GroupResidue, Observation, ProcessIdentity
     from .plane import AdmissionPlane
-    from .policy import KeyLimit, Lane, Policy
+    from .policy import Budget, KeyLimit, Lane, Policy
     from .service import AdmissionService, FaultInjection
-    from .signals import RetryAfter, retry_after_from_headers
+    from .signals import Remaining, RetryAfter, remaining_from_headers, retry_after_from_headers
     from .states import EventKind, FailureCategory, PromptChannel, RequestState, SuspectReason
     from .turns import Backoff, DispatchRefusedError, Turn, TurnNotAdmittedError, run_turn, spawn_child, turn
     from .values import (
         AdmittedLease,
+        BudgetWindow,
         DispatchIntentResult,
         DispatchProcessIdentity,
         DispatchRecord,
@@ -66,6 +68,7 @@ if TYPE_CHECKING:
         ReleasedLease,
         SanitizedEvent,
         StoredRequest,
+        Usage,
     )
 
 #: Where each public name is defined.
@@ -79,6 +82,7 @@ _HOMES: dict[str, str] = {
             "AdmissionMigrationError",
             "AdmissionRuntimeError",
             "AdmissionStateError",
+            "BudgetError",
             "InvalidInputError",
             "LeaseFenceError",
             "MissingKeyError",
@@ -104,6 +108,7 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(
         (
             "AdmittedLease",
+            "BudgetWindow",
             "DispatchIntentResult",
             "DispatchProcessIdentity",
             "DispatchRecord",
@@ -122,16 +127,20 @@ _HOMES: dict[str, str] = {
             "ReleasedLease",
             "SanitizedEvent",
             "StoredRequest",
+            "Usage",
         ),
         "values",
     ),
     "AdmissionPlane": "plane",
     "AdmissionService": "service",
     "FaultInjection": "service",
+    "Budget": "policy",
     "KeyLimit": "policy",
     "Lane": "policy",
     "Policy": "policy",
+    "Remaining": "signals",
     "RetryAfter": "signals",
+    "remaining_from_headers": "signals",
     "retry_after_from_headers": "signals",
     "wall_clock_ms": "clock",
 }
@@ -148,6 +157,9 @@ __all__ = [
     "AdmissionStateError",
     "AdmittedLease",
     "Backoff",
+    "Budget",
+    "BudgetError",
+    "BudgetWindow",
     "ConnectorIdentity",
     "DispatchIntentResult",
     "DispatchProcessIdentity",
@@ -186,6 +198,7 @@ __all__ = [
     "RecoverableQueuedOwner",
     "RecoveryInventory",
     "ReleasedLease",
+    "Remaining",
     "RequestState",
     "RetryAfter",
     "SanitizedEvent",
@@ -197,6 +210,8 @@ __all__ = [
     "TurnNotAdmittedError",
     "UnknownLeaseError",
     "UnknownRequestError",
+    "Usage",
+    "remaining_from_headers",
     "retry_after_from_headers",
     "run_turn",
     "spawn_child",

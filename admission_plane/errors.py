@@ -17,6 +17,7 @@ __all__ = [
     "AdmissionMigrationError",
     "AdmissionRuntimeError",
     "AdmissionStateError",
+    "BudgetError",
     "InvalidInputError",
     "LeaseFenceError",
     "MissingKeyError",
@@ -95,6 +96,16 @@ class SessionLimitError(AdmissionError):
 
     def __init__(self) -> None:
         super().__init__("session already has the most turns the admission policy allows")
+
+
+class BudgetError(InvalidInputError):
+    """Enqueue refused: the request's estimated tokens exceed what a budget window of its key
+    may ever hold (it could never be admitted). The attributes name the window and its limit."""
+
+    def __init__(self, window_ms: int, max_tokens: int) -> None:
+        self.window_ms = window_ms
+        self.max_tokens = max_tokens
+        super().__init__(f"estimated tokens exceed the {max_tokens}-token budget of a {window_ms} ms window")
 
 
 class PayloadExpiredError(AdmissionError):

@@ -6,7 +6,8 @@ integer >= 1; the other fields any non-negative integer in memory. The durable
 ``policy_state`` row is stricter (see :data:`DURABLE_BOUNDS`).
 
 Beyond the original (policy v2): priority :class:`Lane`\ s with weights, :class:`KeyLimit`\ s
-per provider and per provider/model, and a per-session limit. With their defaults (one
+per provider and per provider/model, a per-session limit, and request/token
+:class:`Budget`\ s over sliding windows. With their defaults (one
 ``default`` lane, no keyed limit, no session limit) a policy is *seed-shaped* and behaves
 exactly as the original's.
 """
@@ -103,6 +104,60 @@ class KeyLimit:
             raise InvalidInputError("a key limit must set max_active_turns or max_concurrent_starts")
 
 
+#: The most budget windows one policy may name.
+MAX_BUDGETS = 256
+#: The longest budget window (ms): a week, beyond the longest window of a coding plan.
+MAX_BUDGET_WINDOW_MS = 7 * 24 * 3_600_000
+
+
+def _window(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not is_safe_integer(value) or not 1 <= value <= MAX_BUDGET_WINDOW_MS:
+        raise InvalidInputError(f"budget window_ms must be an integer from 1 to {MAX_BUDGET_WINDOW_MS}")
+
+
+@attrs.frozen
+class Budget:
+    """A provider's (``model=None``) or a provider/model's budget over a sliding window.
+
+    In any ``window_ms`` milliseconds ending at an admission, the requests admitted under the
+    key (``max_requests``) and their tokens (``max_tokens``) stay within the budget; usage
+    recorded outside the plane and corrections from the provider count too. A request's
+    tokens are its estimate (``estimated_tokens`` at enqueue) until its turn reports what it
+    used. ``None``: no budget of that kind. See :mod:`admission_plane.service._budgets`
+    for the exact rules.
+    """
+
+    provider: str = attrs.field(validator=_name("budget provider"))
+    model: str | None = attrs.field(default=None)
+    window_ms: int = attrs.field(default=60_000, validator=_window)
+    max_requests: int | None = attrs.field(default=None, validator=_optional_limit)
+    max_tokens: int | None = attrs.field(default=None, validator=_optional_limit)
+
+    @model.validator
+    def _check_model(self, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value is not None and not is_identifier(value):
+            raise InvalidInputError("budget model must be a non-empty single-line identifier or None")
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_requests is None and self.max_tokens is None:
+            raise InvalidInputError("a budget must set max_requests or max_tokens")
+
+    def covers(self, provider: str, model: str) -> bool:
+        """Whether a request for ``provider``/``model`` counts against this budget."""
+        return self.provider == provider and (self.model is None or self.model == model)
+
+
+def _budgets(value: Any) -> tuple[Budget, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise InvalidInputError("admission policy budgets must be a sequence of Budget")
+    budgets = tuple(value)
+    if len(budgets) > MAX_BUDGETS or not all(isinstance(budget, Budget) for budget in budgets):
+        raise InvalidInputError(f"admission policy budgets must be at most {MAX_BUDGETS} Budget values")
+    if len({(budget.provider, budget.model, budget.window_ms) for budget in budgets}) != len(budgets):
+        raise InvalidInputError("admission policy budgets must name each provider/model window once")
+    return budgets
+
+
 def _lanes(value: Any) -> tuple[Lane, ...]:
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         raise InvalidInputError("admission policy lanes must be a sequence of Lane")
@@ -155,6 +210,8 @@ class Policy:
     #: The longest cooldown a provider's ``retry_after`` signal may set (the fixed
     #: ``capacity_cooldown_ms`` applies when a capacity failure carries no signal).
     max_cooldown_ms: int = attrs.field(default=DEFAULT_MAX_COOLDOWN_MS, validator=_non_negative)
+    #: Request and token budgets per provider and per provider/model over sliding windows.
+    budgets: tuple[Budget, ...] = attrs.field(default=(), converter=_budgets)
 
     def as_tuple(self) -> tuple[int, int, int, int, int]:  # the order of SEED_FIELDS
         """The seed's normalized policy tuple (the order the fingerprint hashes)."""
@@ -181,6 +238,16 @@ class Policy:
             and self.max_turns_per_session is None
             and self.session_overflow == "wait"
             and self.max_cooldown_ms == DEFAULT_MAX_COOLDOWN_MS
+            and not self.budgets
+        )
+
+    def budgets_for(self, provider: str, model: str) -> tuple[Budget, ...]:
+        """The budgets a request for ``provider``/``model`` counts against (model-level ones first)."""
+        return tuple(
+            sorted(
+                (budget for budget in self.budgets if budget.covers(provider, model)),
+                key=lambda budget: (budget.model is None, budget.window_ms),
+            )
         )
 
     def capacity_cooldown_for(self, signal_ms: int | None) -> int:
@@ -206,6 +273,10 @@ class Policy:
             "max_turns_per_session": self.max_turns_per_session,
             "session_overflow": self.session_overflow,
             "max_cooldown_ms": self.max_cooldown_ms,
+            "budgets": [
+                {key: value for key, value in attrs.asdict(budget).items() if value is not None}
+                for budget in self.budgets
+            ],
         }
 
     @classmethod
@@ -230,6 +301,8 @@ class Policy:
             values["lanes"] = tuple(_from_json_items(values["lanes"], Lane, "lanes"))
         if "key_limits" in values:
             values["key_limits"] = tuple(_from_json_items(values["key_limits"], KeyLimit, "key_limits"))
+        if "budgets" in values:
+            values["budgets"] = tuple(_from_json_items(values["budgets"], Budget, "budgets"))
         return cls(**values)
 
     def check_durable(self) -> None:

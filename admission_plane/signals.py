@@ -12,7 +12,16 @@ reads it from a response's headers:
   ``anthropic-ratelimit-input-tokens-reset``, ``anthropic-ratelimit-output-tokens-reset``:
   an RFC 3339 time.
 
-The first present header of that list decides (``retry-after-ms`` and ``retry-after`` are the
+:func:`remaining_from_headers` reads what the provider says is left of its current window
+(:class:`Remaining`), which corrects the plane's view of a budget downward, never upward
+(:meth:`AdmissionPlane.correct_budget <admission_plane.AdmissionPlane.correct_budget>`):
+
+* ``x-ratelimit-remaining-requests`` / ``x-ratelimit-remaining-tokens`` (OpenAI, Groq and others);
+* ``anthropic-ratelimit-requests-remaining``, ``anthropic-ratelimit-tokens-remaining``,
+  ``anthropic-ratelimit-input-tokens-remaining``, ``anthropic-ratelimit-output-tokens-remaining``
+  (the smallest of the token ones is taken).
+
+For the retry signal, the first present header of that list decides (``retry-after-ms`` and ``retry-after`` are the
 provider's explicit answer to this very request; the reset headers say when a window
 refills, and the latest of them is taken). Header names are matched case-insensitively.
 A value that is malformed, negative, not finite or absurd (beyond :data:`MAX_SIGNAL_MS`)
@@ -34,7 +43,14 @@ import attrs
 from ._validate import is_safe_integer
 from .errors import InvalidInputError
 
-__all__ = ["MAX_SIGNAL_MS", "RetryAfter", "as_retry_after", "retry_after_from_headers"]
+__all__ = [
+    "MAX_SIGNAL_MS",
+    "Remaining",
+    "RetryAfter",
+    "as_retry_after",
+    "remaining_from_headers",
+    "retry_after_from_headers",
+]
 
 #: The longest wait a signal may name (ms): a week. A coding plan's longest window is days, not months.
 MAX_SIGNAL_MS = 7 * 24 * 3_600_000
@@ -148,12 +164,7 @@ def as_retry_after(
 
 def retry_after_from_headers(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> RetryAfter | None:
     """The provider's signal in a response's headers, or ``None`` if it gives none (see the module)."""
-    lowered: dict[str, str] = {}
-    pairs = headers.items() if isinstance(headers, Mapping) else headers
-    for name, value in pairs:
-        if not isinstance(name, str) or not isinstance(value, str):
-            raise InvalidInputError("response headers must be text names and values")
-        lowered.setdefault(name.lower(), value)
+    lowered = _lowered(headers)
     if "retry-after-ms" in lowered:
         text = _header_text(lowered["retry-after-ms"], "retry-after-ms")
         if not _NUMBER.fullmatch(text):
@@ -168,6 +179,67 @@ def retry_after_from_headers(headers: Mapping[str, str] | Iterable[tuple[str, st
     if times:
         return RetryAfter(at_ms=max(times))
     return None
+
+
+_REMAINING_REQUESTS = ("x-ratelimit-remaining-requests", "anthropic-ratelimit-requests-remaining")
+_REMAINING_TOKENS = (
+    "x-ratelimit-remaining-tokens",
+    "anthropic-ratelimit-tokens-remaining",
+    "anthropic-ratelimit-input-tokens-remaining",
+    "anthropic-ratelimit-output-tokens-remaining",
+)
+#: The largest remaining count accepted (a safe integer).
+MAX_REMAINING = 2**53 - 1
+
+
+def _remaining(instance: object, attribute: attrs.Attribute[int | None], value: object) -> None:
+    if value is not None and (not is_safe_integer(value) or value < 0):
+        raise InvalidInputError(f"remaining {attribute.name} must be a non-negative integer or None")
+
+
+@attrs.frozen
+class Remaining:
+    """What a provider says is left of its current window: ``requests`` and ``tokens`` (``None``: not said)."""
+
+    requests: int | None = attrs.field(default=None, validator=_remaining)
+    tokens: int | None = attrs.field(default=None, validator=_remaining)
+
+
+def remaining_from_headers(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> Remaining | None:
+    """What is left of the provider's window according to a response's headers, or ``None`` if they do not say.
+
+    Several headers of one kind (Anthropic's tokens, input and output tokens): the smallest
+    counts. A malformed value raises :class:`~admission_plane.errors.InvalidInputError`.
+    """
+    lowered = _lowered(headers)
+    requests = [_count(lowered[name], name) for name in _REMAINING_REQUESTS if name in lowered]
+    tokens = [_count(lowered[name], name) for name in _REMAINING_TOKENS if name in lowered]
+    if not requests and not tokens:
+        return None
+    return Remaining(min(requests) if requests else None, min(tokens) if tokens else None)
+
+
+def _lowered(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> dict[str, str]:
+    lowered: dict[str, str] = {}
+    given: object = headers  # checked as given: callers pass what their HTTP client returns
+    if isinstance(given, str | bytes):
+        raise InvalidInputError("response headers must be a mapping or (name, value) pairs")
+    pairs: Iterable[object] = headers.items() if isinstance(headers, Mapping) else headers
+    for pair in pairs:
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise InvalidInputError("response headers must be a mapping or (name, value) pairs")
+        name, value = pair
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise InvalidInputError("response headers must be text names and values")
+        lowered.setdefault(name.lower(), value)
+    return lowered
+
+
+def _count(value: str, name: str) -> int:
+    text = _header_text(value, name)
+    if not text.isdigit() or len(text) > 16 or int(text) > MAX_REMAINING:
+        raise InvalidInputError(f"{name} is not a non-negative integer")
+    return int(text)
 
 
 def _header_text(value: object, name: str) -> str:

@@ -59,6 +59,11 @@ class EventKind(StrEnum):
     POLICY_REVISED = "policy_revised"
     ADMISSION_PAUSED = "admission_paused"
     ADMISSION_RESUMED = "admission_resumed"
+    # Budgets (they name no provider, model or amount; a turn's are correlated with its request):
+    BUDGET_RESERVED = "budget_reserved"
+    BUDGET_SETTLED = "budget_settled"
+    BUDGET_USAGE_RECORDED = "budget_usage_recorded"
+    BUDGET_CORRECTED = "budget_corrected"
 
 
 class DrainState(StrEnum):
@@ -84,6 +89,33 @@ RECOVERY_ROW_EVENT_ID = "recovery-inventory"
 #: The journal's states of pause and resume: admission runs, or one kind of scope is paused.
 ADMITTING = "admitting"
 PAUSE_STATES = {"all": "paused_all", "lane": "paused_lane", "key": "paused_key"}
+
+
+class ChargeState(StrEnum):
+    """A budget charge's state (``budget_charges.state``), also the journal's budget states.
+
+    A turn's charge is ``reserved`` at admission and settles, when its seat is freed, to
+    ``reconciled`` (the turn reported its usage), ``charged`` (it did not: the estimate
+    stands), ``retained`` (``recovery_required``: the provider may have charged it, the
+    reservation stays) or ``refunded`` (no prompt was written: the row is deleted).
+    ``external`` and ``correction`` are usage recorded outside the plane and a correction
+    from the provider's remaining-budget headers.
+    """
+
+    UNCHARGED = "uncharged"
+    RESERVED = "reserved"
+    RECONCILED = "reconciled"
+    CHARGED = "charged"
+    RETAINED = "retained"
+    REFUNDED = "refunded"
+    EXTERNAL = "external"
+    CORRECTION = "correction"
+
+
+#: The journal's source state of usage recorded outside the plane and of a correction.
+OUTSIDE_PLANE = "outside_plane"
+#: The correlation input of those events (they concern no request).
+BUDGET_EVENT_ID = "budget-usage"
 
 
 class LeaseEffect(enum.Enum):
@@ -190,6 +222,16 @@ TRANSITIONS: tuple[Transition, ...] = (
     ),
     *_edges(K.ADMISSION_PAUSED, [ADMITTING], PAUSE_STATES.values(), L.NONE),
     *_edges(K.ADMISSION_RESUMED, PAUSE_STATES.values(), [ADMITTING], L.NONE),
+    # Budgets: a turn's reservation and its settlement; usage and corrections from outside the plane.
+    *_edges(K.BUDGET_RESERVED, [ChargeState.UNCHARGED], [ChargeState.RESERVED], L.NONE),
+    *_edges(
+        K.BUDGET_SETTLED,
+        [ChargeState.RESERVED],
+        [ChargeState.RECONCILED, ChargeState.CHARGED, ChargeState.RETAINED, ChargeState.REFUNDED],
+        L.NONE,
+    ),
+    *_edges(K.BUDGET_USAGE_RECORDED, [OUTSIDE_PLANE], [ChargeState.EXTERNAL], L.NONE),
+    *_edges(K.BUDGET_CORRECTED, [OUTSIDE_PLANE], [ChargeState.CORRECTION], L.NONE),
 )
 
 _BY_EDGE: dict[tuple[str, str, str], Transition] = {(t.event, t.source, t.target): t for t in TRANSITIONS}

@@ -195,12 +195,57 @@ class LiveTurnFailure:
     retry_after: RetryAfter | None = attrs.field(default=None, validator=_retry_after)
 
 
+#: The most tokens one turn may report or estimate (a safe integer far beyond any context window).
+MAX_TOKENS = 2**40
+
+
+def _tokens(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
+    if not v.is_safe_integer(value) or not 0 <= value <= MAX_TOKENS:
+        raise InvalidInputError(f"usage {attribute.name} must be an integer from 0 to {MAX_TOKENS}")
+
+
+@attrs.frozen
+class Usage:
+    """What a turn used, as the provider reported it: input and output tokens.
+
+    Budgets count :attr:`tokens` (input plus output). Build it from a response's usage block,
+    e.g. ``Usage(input_tokens=body["usage"]["input_tokens"], output_tokens=...)``.
+    """
+
+    input_tokens: int = attrs.field(default=0, validator=_tokens)
+    output_tokens: int = attrs.field(default=0, validator=_tokens)
+
+    @property
+    def tokens(self) -> int:
+        """Input plus output tokens: what a token budget counts."""
+        return self.input_tokens + self.output_tokens
+
+
+def estimated_tokens(value: object) -> int | None:
+    """Check an enqueue's ``estimated_tokens`` (``None``: no estimate)."""
+    if value is None:
+        return None
+    if not v.is_safe_integer(value) or not 0 <= value <= MAX_TOKENS:
+        raise InvalidInputError(f"estimated_tokens must be an integer from 0 to {MAX_TOKENS} or None")
+    return value
+
+
+def _usage(instance: object, attribute: attrs.Attribute[Usage | None], value: object) -> None:
+    if value is not None and not isinstance(value, Usage):
+        raise InvalidInputError("live turn usage must be a Usage")
+
+
 @attrs.frozen
 class LiveTurnCompletion:
-    """How a live turn ended: ``completed``, ``cancelled``, or ``failed`` with an optional failure."""
+    """How a live turn ended: ``completed``, ``cancelled``, or ``failed`` with an optional failure.
+
+    ``usage`` is what the provider reported the turn used: its budget reservation is settled
+    to it (without it, the reservation stands as spent; see :mod:`admission_plane.service._budgets`).
+    """
 
     outcome: RequestState = attrs.field(converter=_completion_outcome)
     failure: LiveTurnFailure | None = None
+    usage: Usage | None = attrs.field(default=None, validator=_usage)
 
     def __attrs_post_init__(self) -> None:
         if self.outcome not in LIVE_OUTCOMES:
@@ -350,3 +395,31 @@ class Pause:
         if self.lane is not None:
             return "lane"
         return "all" if self.provider is None else "key"
+
+
+@attrs.frozen
+class BudgetWindow:
+    """One budget window of a key as it stands at ``now``: its limits, what counts in it, what is left.
+
+    ``requests`` and the tokens count every charge of the last ``window_ms`` milliseconds:
+    admitted turns (``reserved_tokens`` while a turn has not settled, or is retained in
+    ``recovery_required``; ``used_tokens`` once it settled), usage recorded outside the plane
+    and the provider's corrections. ``remaining_*`` is ``None`` where the budget sets no such
+    limit; ``next_reset_at`` is when the oldest charge leaves the window (``None``: empty).
+    """
+
+    provider: str
+    model: str | None
+    window_ms: int
+    max_requests: int | None
+    max_tokens: int | None
+    requests: int
+    reserved_tokens: int
+    used_tokens: int
+    remaining_requests: int | None
+    remaining_tokens: int | None
+    next_reset_at: int | None
+
+    def to_json(self) -> dict[str, object]:
+        """The window as a JSON-ready mapping (``status --json``)."""
+        return attrs.asdict(self)

@@ -59,6 +59,7 @@ class AsyncTurn(TurnDecisions):
         model: str,
         prompt: str,
         lane: str | None = None,
+        estimated_tokens: int | None = None,
         command: Sequence[str] | None = None,
         spawn: Spawn | None = None,
         write_prompt: WritePrompt | None = None,
@@ -82,6 +83,7 @@ class AsyncTurn(TurnDecisions):
                 "provider": provider,
                 "model": model,
                 "lane": lane,
+                "estimated_tokens": estimated_tokens,
             },
             prompt=prompt,
             command=command,
@@ -155,7 +157,7 @@ class AsyncTurn(TurnDecisions):
             await self._stop_heartbeat()
             await terminate(self.child)
             assert self.lease is not None
-            await self._call(self.plane.complete_live_turn, self.lease, self._clock(), self._completion)
+            await self._call(self.plane.complete_live_turn, self.lease, self._clock(), self._settled_completion())
         except BaseException as error:
             await _settle.settle_after(self, error)
             raise

@@ -24,7 +24,7 @@ from ..store.statements.queue import SELECT_ENTRY
 from ..store.statements.requests import SELECT_REQUEST_STATUS
 from ..store.tx import Tx
 from ..values import AdmittedLease
-from . import _policy
+from . import _budgets, _policy
 from ._context import PlaneContext
 from ._enqueue import record_admitting_owner
 from ._selection import (
@@ -111,7 +111,7 @@ def admit_in_transaction(
     """Time out expired requests, then admit the rule's choice (only if it is ``only_request_id``, when given)."""
     expire_queued(ctx, tx, now)
     policy = _policy.effective(ctx, tx)
-    facts = Facts.read(tx, now)
+    facts = Facts.read(tx, now, policy.policy)
     if capacity_block(tx, policy, facts, now) is not None:
         return None
     choice = choose(tx, limits_of(policy.policy), facts, read_keys(tx))
@@ -123,6 +123,8 @@ def admit_in_transaction(
     spend_credits(tx, choice)
     lease = NewLease(str(uuid.uuid4()), choice.request_id, candidate.lease_generation + 1, owner_instance_id)
     change(ctx, tx, lease, EventKind.REQUEST_ADMITTED, S.ADMITTED, now)
+    if facts.book is not None:
+        _budgets.reserve(ctx, facts.book, choice.request_id, *choice.key, now)
     record_admitting_owner(ctx, tx, owner_instance_id, now)
     return AdmittedLease(lease.lease_id, lease.request_id, lease.generation, owner_instance_id)
 
@@ -133,7 +135,7 @@ def look(ctx: PlaneContext, tx: Tx, request_id: str, now: int, plan_wait: bool =
     if tx.exists(ANY_EXPIRED, {"now": now}):
         return Verdict.WRITE
     policy = _policy.effective(ctx, tx)
-    facts = Facts.read(tx, now)
+    facts = Facts.read(tx, now, policy.policy)
     limits = limits_of(policy.policy)
     keys = read_keys(tx)
     choice = choose(tx, limits, facts, keys)
@@ -156,6 +158,11 @@ def look(ctx: PlaneContext, tx: Tx, request_id: str, now: int, plan_wait: bool =
         return Wake()
     if key is KeyBlock.FULL:
         return Wake(queue=1, seats=True, starts=True)
+    if key is KeyBlock.BUDGET:
+        # The windows free by their own clock; a settled turn (a freed seat) may refund or lower its tokens.
+        assert facts.book is not None
+        tokens = facts.book.blocked.get((entry.provider, entry.model), 0)
+        return Wake(queue=1, seats=True, at=facts.book.free_at(entry.provider, entry.model, tokens))
     if session_full(limits, facts, entry.session_id) or facts.agent_seats[entry.agent_id]:
         # Picked once a seat of ours is freed, or once the requests ahead of ours have left.
         return Wake(queue=1, seats=True)

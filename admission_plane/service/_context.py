@@ -121,6 +121,8 @@ class PlaneContext:
         self.doorbell = doorbell
         #: Whether ``owner_identity`` is known to be recorded (a queued-owner row is never deleted).
         self.owner_recorded = False
+        #: Budget reservations this plane made (settled charges are pruned every so many).
+        self.reservations = 0
         self._owns_engine = owns_engine
         self._closed = False
         self._close_lock = threading.Lock()

@@ -34,7 +34,7 @@ from ..store.statements.requests import (
 )
 from ..store.tx import Tx
 from ..values import EnqueueResult
-from . import _journal, _policy
+from . import _budgets, _journal, _policy
 from ._context import PlaneContext
 from ._transitions import QueuedRequest, change
 
@@ -53,6 +53,8 @@ class Metadata:
     model: str
     #: The lane named at enqueue; ``None``: the policy's default lane.
     lane: str | None = None
+    #: The estimated token cost budgets reserve at admission; ``None``: no estimate.
+    estimated_tokens: int | None = None
 
     def stored(self, lane: str) -> RequestMeta:
         """As :data:`SELECT_REQUEST_META` returns it, to compare with a stored request."""
@@ -68,6 +70,7 @@ def metadata(
     model: str,
     now: int,
     lane: str | None = None,
+    estimated_tokens: object = None,
 ) -> Metadata:
     """Validate an enqueue's arguments in the original's order (each failure its own message).
 
@@ -83,7 +86,8 @@ def metadata(
     v.identifier(request_id, "event correlation input")
     if lane is not None:
         v.identifier(lane, "request lane")
-    return Metadata(request_id, session_id, agent_id, fingerprint, provider, model, lane)
+    tokens = _budgets.estimated_tokens(estimated_tokens)
+    return Metadata(request_id, session_id, agent_id, fingerprint, provider, model, lane, tokens)
 
 
 def owner(ctx: PlaneContext, owner_identity: ConnectorIdentity | None) -> ConnectorIdentity:
@@ -117,7 +121,7 @@ def insert_request(ctx: PlaneContext, tx: Tx, meta: Metadata, now: int) -> Enque
     lane = policy.default_lane if meta.lane is None else meta.lane
     existing = tx.one(SELECT_REQUEST_META, {"request_id": meta.request_id})
     if existing is not None:
-        if existing != meta.stored(lane):
+        if existing != meta.stored(lane) or _budgets.stored_estimate(tx, meta.request_id) != meta.estimated_tokens:
             raise AdmissionConflictError()
         return EnqueueResult(meta.request_id, True)
     if all(known.name != lane for known in policy.lanes):
@@ -127,8 +131,10 @@ def insert_request(ctx: PlaneContext, tx: Tx, meta: Metadata, now: int) -> Enque
         held = tx.scalar(COUNT_SESSION_OPEN, {"session_id": meta.session_id, "limit": limit}) or 0
         if held >= limit:
             raise SessionLimitError()
+    _budgets.check_estimate(policy, meta.provider, meta.model, meta.estimated_tokens)
     params = {**as_params(meta), "lane": lane, "now": now, "deadline_at": now + policy.queue_timeout_ms}
     tx.execute(INSERT_REQUEST, params)
+    _budgets.store_estimate(tx, meta.request_id, meta.estimated_tokens)
     _journal.record(ctx, tx, EventKind.REQUEST_ENQUEUED, meta.request_id, ABSENT, S.QUEUED, now)
     return EnqueueResult(meta.request_id, False)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL
@@ -15,12 +15,14 @@ from ..errors import InvalidInputError
 from ..evidence import ConnectorIdentity
 from ..host import default_host_id
 from ..policy import Policy
+from ..signals import Remaining, remaining_from_headers
 from ..states import EventKind, RequestState, SuspectReason
 from ..store.doorbell import open_doorbell
 from ..store.engine import redacted_url
 from ..store.schema_check import schema_version
 from ..values import (
     AdmittedLease,
+    BudgetWindow,
     DispatchIntentResult,
     DispatchRecord,
     EnqueueResult,
@@ -34,7 +36,19 @@ from ..values import (
     SanitizedEvent,
     StoredRequest,
 )
-from . import _admission, _control, _dispatch, _enqueue, _journal, _lifecycle, _payloads, _policy, _reads, _waiting
+from . import (
+    _admission,
+    _budgets,
+    _control,
+    _dispatch,
+    _enqueue,
+    _journal,
+    _lifecycle,
+    _payloads,
+    _policy,
+    _reads,
+    _waiting,
+)
 from ._context import FaultInjection, PlaneContext, PlaneKeys
 from ._facade_recovery import RecoveryOperations
 from ._opening import open_engine, open_schema
@@ -166,16 +180,22 @@ class AdmissionService(RecoveryOperations):
         now: int,
         owner_identity: ConnectorIdentity | None = None,
         lane: str | None = None,
+        estimated_tokens: int | None = None,
     ) -> EnqueueResult:
         """Queue a request without a payload (it is not admissible until one is persisted).
 
-        ``lane`` names one of the policy's lanes (default: its first). Replaying the same
-        metadata is idempotent (``existed=True``); different metadata for the same id raises
-        :class:`~admission_plane.errors.AdmissionConflictError`. A policy that refuses
-        requests beyond its per-session limit raises
+        ``lane`` names one of the policy's lanes (default: its first). ``estimated_tokens`` is
+        what the turn is expected to use (input plus output): budgets reserve it at admission
+        (see :class:`~admission_plane.Budget`); an estimate no budget window of the key could
+        ever hold raises :class:`~admission_plane.errors.BudgetError`. Replaying the same
+        metadata is idempotent (``existed=True``); different metadata (or estimate) for the
+        same id raises :class:`~admission_plane.errors.AdmissionConflictError`. A policy that
+        refuses requests beyond its per-session limit raises
         :class:`~admission_plane.errors.SessionLimitError`.
         """
-        meta = _enqueue.metadata(request_id, session_id, agent_id, fingerprint, provider, model, now, lane)
+        meta = _enqueue.metadata(
+            request_id, session_id, agent_id, fingerprint, provider, model, now, lane, estimated_tokens
+        )
         return _enqueue.enqueue(self._ctx, meta, _enqueue.owner(self._ctx, owner_identity), now)
 
     def enqueue_with_payload(
@@ -192,14 +212,17 @@ class AdmissionService(RecoveryOperations):
         expires_at: int,
         owner_identity: ConnectorIdentity | None = None,
         lane: str | None = None,
+        estimated_tokens: int | None = None,
     ) -> EnqueueResult:
-        """Queue a request and its sealed prompt atomically (``lane`` as for :meth:`enqueue`).
+        """Queue a request and its sealed prompt atomically (``lane`` and ``estimated_tokens`` as for :meth:`enqueue`).
 
         The same request with the same prompt is idempotent; with a different prompt it
         raises :class:`~admission_plane.errors.PayloadConflictError` and changes nothing.
         """
         _payloads.check_expiry(now, expires_at)
-        meta = _enqueue.metadata(request_id, session_id, agent_id, fingerprint, provider, model, now, lane)
+        meta = _enqueue.metadata(
+            request_id, session_id, agent_id, fingerprint, provider, model, now, lane, estimated_tokens
+        )
         connector = _enqueue.owner(self._ctx, owner_identity)
         return _payloads.enqueue_with_payload(self._ctx, meta, connector, now, plaintext, expires_at)
 
@@ -332,6 +355,50 @@ class AdmissionService(RecoveryOperations):
     def set_capacity_cooldown(self, provider: str, model: str, not_before: int, now: int) -> None:
         """Hold back ``provider``/``model`` until ``not_before``; a cooldown is never shortened."""
         _lifecycle.set_capacity_cooldown(self._ctx, provider, model, not_before, now)
+
+    # --- budgets ---------------------------------------------------------------------------------
+
+    def record_external_usage(
+        self, provider: str, model: str | None = None, *, requests: int = 0, tokens: int = 0, now: int | None = None
+    ) -> None:
+        """Charge usage spent outside the plane (another tool on the same account) to ``provider``/``model``
+        (``model=None``: the provider as a whole), so its budgets count everything the account spent.
+
+        Journalled as ``budget_usage_recorded`` without the key or the amounts.
+        """
+        _budgets.record_external_usage(self._ctx, provider, model, requests, tokens, self._now(now))
+
+    def correct_budget(
+        self,
+        provider: str,
+        model: str,
+        remaining: Remaining | Mapping[str, str],
+        *,
+        window_ms: int | None = None,
+        now: int | None = None,
+    ) -> tuple[BudgetWindow, ...]:
+        """Correct the key's budget windows downward to what the provider says remains; never upward.
+
+        ``remaining`` is a :class:`~admission_plane.signals.Remaining` or a response's headers
+        (``x-ratelimit-remaining-*``, ``anthropic-ratelimit-*-remaining``; headers without
+        such a figure change nothing). ``window_ms`` names the windows the figures are for
+        (default: the shortest window of the key's budgets). Returns those windows afterwards.
+        """
+        if not isinstance(remaining, Remaining):
+            if not isinstance(remaining, Mapping):
+                raise InvalidInputError("remaining must be a Remaining or a mapping of response headers")
+            found = remaining_from_headers(remaining)
+            if found is None:
+                return ()
+            remaining = found
+        return _budgets.correct(self._ctx, provider, model, remaining, self._now(now), window_ms)
+
+    def budget_status(self, now: int | None = None) -> tuple[BudgetWindow, ...]:
+        """Every window of every budget of the policy in force: use, reservations, remaining, next reset."""
+        return _budgets.status(self._ctx, self._now(now))
+
+    def _now(self, now: int | None) -> int:
+        return self._ctx.now() if now is None else now
 
     # --- the dispatch intent -------------------------------------------------------------------
 

@@ -17,7 +17,11 @@ side, but never beside an admission unit. Why that is enough, operation by opera
 * The request row, its payload and its process evidence are written only by units of its
   lease (or by admission units, which never overlap a lease unit), so the lease row lock
   covers them too; the journal is append-only.
-* Nothing here raises a count admission reads: seats and the start window only shrink
+* A freed seat settles its request's budget reservation (``service._budgets``): one update or
+  delete of the request's own charge row, which only units of its lease write after admission.
+* Nothing here raises a count admission reads (a settled turn that used more tokens than it
+  reserved does, but admission never runs beside a lease unit, so it reads it committed):
+  seats and the start window only shrink
   (a lease leaves the window, or is deleted); starts, cooldowns and the journal are
   written, but admission never runs beside a lease unit, so it always reads them
   committed. What a lease unit reads that another lease unit may change beside it:
@@ -74,7 +78,8 @@ from ..store.statements.policy import SELECT_POLICY
 from ..store.statements.requests import SELECT_REQUEST_META
 from ..store.tx import Tx
 from ..store.unit_of_work import DRAIN_LOCK, START_LOCK, Gate
-from ..values import AdmittedLease, LeaseFence, LiveTurnCompletion, ReleasedLease, abandon_outcome
+from ..values import AdmittedLease, LeaseFence, LiveTurnCompletion, ReleasedLease, Usage, abandon_outcome
+from ._budgets import settle
 from ._context import PlaneContext
 from ._policy import complete_drain_if_settled, effective
 from ._transitions import change, free_lease
@@ -115,10 +120,19 @@ def _in_phase(tx: Tx, fence: LeaseFence, phases: frozenset[RequestState], refusa
 
 
 def _free_seat(
-    ctx: PlaneContext, tx: Tx, lease: LeaseRow, event: EventKind, target: str, now: int, source: str | None = None
+    ctx: PlaneContext,
+    tx: Tx,
+    lease: LeaseRow,
+    event: EventKind,
+    target: str,
+    now: int,
+    source: str | None = None,
+    usage: Usage | None = None,
 ) -> None:
-    """Apply an edge that deletes the lease, then complete a pending soft drain if no seat is left."""
+    """Apply an edge that deletes the lease and settle its budget reservation, then complete a
+    pending soft drain if no seat is left."""
     drain_state = free_lease(ctx, tx, lease, event, target, now, source=source)
+    settle(ctx, tx, lease, event, target, now, usage)
     if tx.shared:  # a lease unit: see the module docstring
         if drain_state is None:
             row = tx.one(SELECT_POLICY)
@@ -275,7 +289,8 @@ def complete_live_turn(ctx: PlaneContext, fence: LeaseFence, now: int, completio
             not_before = now + effective(ctx, tx).policy.capacity_cooldown_for(signal)
             params = {"provider": request.provider, "model": request.model, "not_before": not_before, "now": now}
             tx.execute(UPSERT_COOLDOWN, params)
-        _free_seat(ctx, tx, lease, K.REQUEST_RELEASED, completion.outcome, now, source=S.PROVIDER_TERMINAL)
+        outcome = completion.outcome
+        _free_seat(ctx, tx, lease, K.REQUEST_RELEASED, outcome, now, source=S.PROVIDER_TERMINAL, usage=completion.usage)
 
     ctx.run(work, gate=Gate.LEASE)
 

@@ -14,7 +14,11 @@ In order:
    (``enqueued_at``, then ``request_id``).
 3. **Eligibility.** A request is offered only if it has its payload, its provider/model
    key is neither cooling down, paused nor at a keyed limit (per key, per provider,
-   starts per provider), and its session is below the per-session limit.
+   starts per provider) nor out of requests in a budget window, and its session is below
+   the per-session limit.
+4. **Budgets, head of line per key.** A key's best request (by 1 and 2) that does not fit
+   a token or request budget of its key holds that key back, not the lane
+   (:mod:`admission_plane.service._budgets`).
 
 How the cost stays independent of queue depth: admission walks the heads of the groups
 of the admission index (:mod:`admission_plane.store.statements.queue`), never requests.
@@ -56,6 +60,7 @@ from ..store.statements.queue import (
     SESSION_PAGE,
 )
 from ..store.tx import Query, Tx
+from ._budgets import Book
 
 #: Heads read per page while walking a group's members.
 PAGE = 8
@@ -79,6 +84,8 @@ class Limits:
     provider_active: dict[str, int]
     provider_starts: dict[str, int]
     session_limit: int | None
+    #: Whether the policy sets any budget (one admission can then hold back a whole key).
+    budgeted: bool = False
 
     @classmethod
     def of(cls, policy: Policy) -> Limits:
@@ -102,6 +109,7 @@ class Limits:
                 if limit.model is None and limit.max_concurrent_starts is not None
             },
             session_limit=policy.max_turns_per_session,
+            budgeted=bool(policy.budgets),
         )
 
 
@@ -121,7 +129,8 @@ def limits_of(policy: Policy) -> Limits:
 @attrs.define
 class Facts:
     """What the rule counts, read once per transaction: seats held (by key, provider, agent,
-    session), start-window leases, cooldowns and pauses."""
+    session), start-window leases, cooldowns and pauses; and the budgets' :class:`Book`
+    (``None`` when the policy sets no budget), which reads a window when the walk reaches it."""
 
     seats: int = 0
     starts: int = 0
@@ -135,11 +144,12 @@ class Facts:
     paused_all: bool = False
     paused_lanes: set[str] = attrs.field(factory=set)
     paused_keys: set[Key] = attrs.field(factory=set)
+    book: Book | None = None
 
     @classmethod
-    def read(cls, tx: Tx, now: int) -> Facts:
+    def read(cls, tx: Tx, now: int, policy: Policy) -> Facts:
         """Three statements: the seat-holding leases, the active cooldowns, the pauses."""
-        facts = cls()
+        facts = cls(book=Book(tx, now, policy) if policy.budgets else None)
         for seat in tx.all(SELECT_SEATS):
             facts.seats += 1
             facts.key_seats[(seat.provider, seat.model)] += 1
@@ -170,6 +180,7 @@ class KeyBlock(enum.Enum):
     COOLING = "cooling down"
     PAUSED = "paused"
     FULL = "at a keyed limit"
+    BUDGET = "out of budget"
 
 
 def key_block(limits: Limits, facts: Facts, provider: str, model: str) -> KeyBlock | None:
@@ -188,6 +199,8 @@ def key_block(limits: Limits, facts: Facts, provider: str, model: str) -> KeyBlo
     limit = limits.provider_starts.get(provider)
     if limit is not None and facts.provider_starts[provider] >= limit:
         return KeyBlock.FULL
+    if facts.book is not None and (key in facts.book.blocked or facts.book.out_of_requests(provider, model)):
+        return KeyBlock.BUDGET
     return None
 
 
@@ -198,18 +211,21 @@ def session_full(limits: Limits, facts: Facts, session_id: str) -> bool:
 
 @attrs.frozen
 class Offer:
-    """A lane's best request."""
+    """A lane's best request, and its provider/model key."""
 
     request_id: str
     head: Head
+    key: Key
 
 
 @attrs.frozen
 class Choice:
-    """The rule's choice, and the lane credits to write if the weighted share was used."""
+    """The rule's choice (its request, lane and provider/model key), and the lane credits to
+    write if the weighted share was used."""
 
     request_id: str
     lane: str
+    key: Key
     credits: dict[str, int] | None = None
 
 
@@ -241,7 +257,7 @@ def choose(tx: Tx, limits: Limits, facts: Facts, keys_by_lane: Keys) -> Choice |
         return None
     if len(offers) == 1:
         ((lane, offer),) = offers.items()
-        return Choice(offer.request_id, lane)
+        return Choice(offer.request_id, lane, offer.key)
     credits = {row.lane: row.credits for row in tx.all(SELECT_CREDITS)}
 
     def credit(lane: str) -> int:
@@ -254,7 +270,7 @@ def choose(tx: Tx, limits: Limits, facts: Facts, keys_by_lane: Keys) -> Choice |
     lane = ready[0]
     updated = {name: credit(name) for name in lanes}
     updated[lane] -= 1
-    return Choice(offers[lane].request_id, lane, updated)
+    return Choice(offers[lane].request_id, lane, offers[lane].key, updated)
 
 
 def spend_credits(tx: Tx, choice: Choice) -> None:
@@ -273,7 +289,7 @@ def _best_in_lane(tx: Tx, lane: str, keys: list[KeyHeadRow], limits: Limits, fac
         if best is not None and (key.head_enqueued_at, key.head_request_id) >= best.head:
             break
         offer = _best_idle_agent(tx, lane, key, limits, facts, best)
-        if offer is not None:
+        if offer is not None and _fits(facts, offer):
             best = offer
     if best is not None or not facts.agent_seats:
         return best
@@ -281,13 +297,20 @@ def _best_in_lane(tx: Tx, lane: str, keys: list[KeyHeadRow], limits: Limits, fac
     for seats in sorted(set(facts.agent_seats.values())):
         for agent in sorted(agent for agent, held in facts.agent_seats.items() if held == seats):
             for key in open_keys:
+                if facts.book is not None and (key.provider, key.model) in facts.book.blocked:
+                    continue
                 group = {"lane": lane, "provider": key.provider, "model": key.model, "agent_id": agent}
                 offer = _first_open_session(tx, group, limits, facts, best)
-                if offer is not None:
+                if offer is not None and _fits(facts, offer):
                     best = offer
         if best is not None:
             return best
     return None
+
+
+def _fits(facts: Facts, offer: Offer) -> bool:
+    """Whether the key's best request fits its budgets (if not, the key is blocked for this transaction)."""
+    return facts.book is None or facts.book.admits(*offer.key, offer.request_id)
 
 
 def _best_idle_agent(
@@ -304,7 +327,7 @@ def _best_idle_agent(
         if facts.agent_seats[member.member]:
             continue
         if limits.session_limit is None or not facts.session_seats:
-            found = Offer(member.head_request_id, head)  # no session can be full: the agent's head is its best
+            found = Offer(member.head_request_id, head, (key.provider, key.model))  # no full session: the head wins
             continue
         offer = _first_open_session(tx, {**params, "agent_id": member.member}, limits, facts, bound)
         if offer is not None:
@@ -321,7 +344,7 @@ def _first_open_session(
         if best is not None and head >= best.head:
             return None
         if not session_full(limits, facts, member.member):
-            return Offer(member.head_request_id, head)
+            return Offer(member.head_request_id, head, (group["provider"], group["model"]))
     return None
 
 
@@ -335,10 +358,16 @@ def idle_agents_ahead(
     It is one when the policy has no keyed and no per-session limit: then one departure makes
     at most one agent busy (or leaves), so the idle agents ahead shrink by at most one per
     departure; a freed seat or a payload stored can only add to them. With keyed or session
-    limits one admission can hold back a whole key or session at once, and the waiter must
+    limits (or budgets) one admission can hold back a whole key or session at once, and the waiter must
     look at every departure. The walk reads one page of agent heads per open key of the lane.
     """
-    if limits.key_active or limits.provider_active or limits.provider_starts or limits.session_limit is not None:
+    if (
+        limits.key_active
+        or limits.provider_active
+        or limits.provider_starts
+        or limits.session_limit is not None
+        or limits.budgeted
+    ):
         return None
     agents: set[str] = set()
     for key in keys:  # the lane's keys (from :func:`read_keys`)

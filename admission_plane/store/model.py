@@ -49,6 +49,9 @@ ADMISSION_TABLES = (
     "queue_sessions",
     "queue_agents",
     "queue_keys",
+    # Revision 0007 (budgets):
+    "budget_charges",
+    "turn_estimates",
 )
 
 
@@ -394,6 +397,41 @@ class QueueKey(Base):
     head_request_id: Mapped[str] = mapped_column(Text, nullable=False)
 
 
+class BudgetCharge(Base):
+    """What counts against the budgets of a provider/model key (revision 0007).
+
+    A turn's charge (``charge_id`` is its request id) is written at admission: one request
+    and its estimated tokens (``reserved_tokens``); ``used_tokens`` is NULL while the turn has
+    not settled (or is retained in ``recovery_required``), and what it used once it has.
+    Usage recorded outside the plane and the provider's corrections are charges too
+    (``charge_id`` ``usage-<uuid>``). ``model`` is ``''`` for a provider-wide correction.
+    """
+
+    __tablename__ = "budget_charges"
+    __table_args__ = (
+        Index("budget_charges_key", "provider", "model", "charged_at"),
+        Index("budget_charges_provider", "provider", "charged_at"),
+    )
+
+    charge_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    provider: Mapped[str] = mapped_column(Text, nullable=False)
+    model: Mapped[str] = mapped_column(Text, nullable=False)
+    charged_at: Mapped[int] = mapped_column(Int64, nullable=False)
+    requests: Mapped[int] = mapped_column(Int64, nullable=False)
+    reserved_tokens: Mapped[int] = mapped_column(Int64, nullable=False)
+    used_tokens: Mapped[int | None] = mapped_column(Int64)
+    state: Mapped[str] = mapped_column(Text, nullable=False)
+
+
+class TurnEstimate(Base):
+    """A request's estimated token cost, given at enqueue (revision 0007; absent: no estimate)."""
+
+    __tablename__ = "turn_estimates"
+
+    request_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    tokens: Mapped[int] = mapped_column(Int64, nullable=False)
+
+
 class QueuedOwnerInstance(Base):
     """The process identity of a connector that enqueued requests (to settle them when it dies)."""
 
@@ -419,6 +457,7 @@ __all__ = [
     "ADMISSION_TABLES",
     "AdmissionPause",
     "Base",
+    "BudgetCharge",
     "Cooldown",
     "Event",
     "Int64",
@@ -435,6 +474,7 @@ __all__ = [
     "SchemaMigration",
     "SessionRecord",
     "StartHistory",
+    "TurnEstimate",
     "TurnPayload",
     "TurnRequest",
     "metadata",

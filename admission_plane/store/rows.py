@@ -27,7 +27,9 @@ from ..errors import AdmissionError, PayloadIntegrityError, SchemaIntegrityError
 from ..states import RequestState
 
 __all__ = [
+    "BudgetUsageRow",
     "Candidate",
+    "ChargeRow",
     "CooldownRow",
     "CreditRow",
     "DispatchRow",
@@ -77,12 +79,28 @@ def _is_text_or_none(value: object) -> bool:
     return value is None or isinstance(value, str)
 
 
+def _is_boolean(value: object) -> bool:
+    return isinstance(value, bool) or value in (0, 1)
+
+
+def _is_integer_or_none(value: object) -> bool:
+    return value is None or _is_integer(value)
+
+
 def _checks(
-    *, text: str = "", integer: str = "", blob: str = "", state: str = "", text_or_none: str = ""
+    *,
+    text: str = "",
+    integer: str = "",
+    blob: str = "",
+    state: str = "",
+    text_or_none: str = "",
+    boolean: str = "",
+    integer_or_none: str = "",
 ) -> dict[str, Check]:
     """Column -> check, from the space-separated column names of each kind."""
     kinds: dict[Check, str] = {
-        _is_text: text, _is_integer: integer, _is_blob: blob, _is_state: state, _is_text_or_none: text_or_none
+        _is_text: text, _is_integer: integer, _is_blob: blob, _is_state: state, _is_text_or_none: text_or_none,
+        _is_boolean: boolean, _is_integer_or_none: integer_or_none,
     }  # fmt: skip
     return {name: check for check, names in kinds.items() for name in names.split()}
 
@@ -249,14 +267,17 @@ class QueuedEntry(Row):
 
 @attrs.frozen
 class LeaseRow(Row):
-    """A lease's fence and phase."""
+    """A lease's fence and phase, and whether its request holds a budget reservation (``charged``)."""
 
-    CHECKS = _checks(text="lease_id request_id owner_instance_id", integer="generation", state="phase")
+    CHECKS = _checks(
+        text="lease_id request_id owner_instance_id", integer="generation", state="phase", boolean="charged"
+    )
     lease_id: Any
     request_id: Any
     generation: Any
     owner_instance_id: Any
     phase: Any
+    charged: Any = False
 
 
 @attrs.frozen
@@ -466,3 +487,24 @@ class MemberHeadRow(Row):
     member: Any
     head_enqueued_at: Any
     head_request_id: Any
+
+
+@attrs.frozen
+class BudgetUsageRow(Row):
+    """What counts in one budget window: requests, tokens still reserved, tokens used, the oldest charge."""
+
+    CHECKS = _checks(integer="requests reserved_tokens used_tokens", integer_or_none="oldest")
+    requests: Any
+    reserved_tokens: Any
+    used_tokens: Any
+    oldest: Any
+
+
+@attrs.frozen
+class ChargeRow(Row):
+    """One charge in a window, oldest first: when, and the requests and tokens it counts."""
+
+    CHECKS = _checks(integer="charged_at requests tokens")
+    charged_at: Any
+    requests: Any
+    tokens: Any

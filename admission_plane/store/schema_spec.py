@@ -381,6 +381,27 @@ EXTENSIONS: tuple[Extension, ...] = (
             ),
         },
     ),
+    Extension(
+        "0007_budgets",
+        {},
+        (
+            Index("budget_charges_key", "budget_charges", ("provider", "model", "charged_at")),
+            Index("budget_charges_provider", "budget_charges", ("provider", "charged_at")),
+        ),
+        {
+            "budget_charges": _columns(
+                "charge_id TEXT PK NN",
+                "provider TEXT NN",
+                "model TEXT NN",
+                "charged_at INTEGER NN",
+                "requests INTEGER NN",
+                "reserved_tokens INTEGER NN",
+                "used_tokens INTEGER",
+                "state TEXT NN",
+            ),
+            "turn_estimates": _columns("request_id TEXT PK NN", "tokens INTEGER NN"),
+        },
+    ),
 )
 #: The Alembic revision the service layer requires (``alembic_version`` must hold it).
 EXPECTED_REVISION = EXTENSIONS[-1].revision

@@ -5,17 +5,46 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 
+import attrs
+
+from ..errors import InvalidInputError
 from ..signals import RetryAfter, as_retry_after
 from ..states import FailureCategory, RequestState
-from ..values import LiveTurnCompletion, LiveTurnFailure
+from ..values import LiveTurnCompletion, LiveTurnFailure, Usage
 
 
 class TurnDecisions:
     """The outcome the block chooses (``complete``, ``cancel``, ``fail``) and the time it waited."""
 
     _completion: LiveTurnCompletion
+    _usage: Usage | None = None
     enqueued_at: int | None
     admitted_at: int | None
+
+    def record_usage(self, usage: Usage | None = None, *, input_tokens: int = 0, output_tokens: int = 0) -> None:
+        """Record what the provider reported the turn used (a :class:`~admission_plane.Usage`, or its two counts).
+
+        When the block exits, the turn's budget reservation is settled to it instead of to its
+        estimate, whatever the outcome. A later call replaces an earlier one. Bad counts raise
+        :class:`~admission_plane.errors.InvalidInputError` here, in the block.
+        """
+        given: object = usage  # checked as given
+        if given is None:
+            usage = Usage(input_tokens=input_tokens, output_tokens=output_tokens)
+        elif not isinstance(given, Usage) or input_tokens or output_tokens:
+            raise InvalidInputError("record_usage takes a Usage or the two token counts, not both")
+        self._usage = usage
+
+    @property
+    def usage(self) -> Usage | None:
+        """What :meth:`record_usage` recorded (``None``: nothing)."""
+        return self._usage
+
+    def _settled_completion(self) -> LiveTurnCompletion:
+        """The outcome the block chose, with the usage it recorded."""
+        if self._usage is None:
+            return self._completion
+        return attrs.evolve(self._completion, usage=self._usage)
 
     def complete(self) -> None:
         """End the turn ``completed`` when the block exits (the default)."""

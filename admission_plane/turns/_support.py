@@ -12,6 +12,7 @@ from .. import _validate as v
 from ..errors import AdmissionStateError, InvalidInputError
 from ..policy import DURABLE_BOUNDS
 from ..states import PromptChannel
+from ..values import estimated_tokens
 
 #: The request fingerprint used when the caller gives none (it is stored in clear: never derive it from the prompt).
 DEFAULT_FINGERPRINT = "admission-plane.turn/1"
@@ -76,6 +77,8 @@ def check_request(metadata: Mapping[str, object], prompt: object, command: objec
     lane = fields.pop("lane", None)
     if lane is not None:
         v.identifier(lane, "request lane")
+    if fields.pop("estimated_tokens", None) is not None:
+        estimated_tokens(metadata["estimated_tokens"])
     v.request_metadata(**fields)
     v.identifier(metadata["request_id"], "event correlation input")
     v.plaintext(prompt)
@@ -114,6 +117,8 @@ class RequestMetadata(TypedDict):
     model: str
     #: The policy lane (``None``: its first lane).
     lane: str | None
+    #: What the turn is expected to use, reserved by budgets at admission (``None``: no estimate).
+    estimated_tokens: int | None
 
 
 def payload_expiry(plane_timeout_ms: int, now: int, grace_ms: int) -> int:

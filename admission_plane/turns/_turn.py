@@ -73,6 +73,7 @@ class Turn(TurnDecisions):
         model: str,
         prompt: str,
         lane: str | None = None,
+        estimated_tokens: int | None = None,
         command: Sequence[str] | None = None,
         spawn: Spawn | None = None,
         write_prompt: WritePrompt | None = None,
@@ -98,6 +99,7 @@ class Turn(TurnDecisions):
                 "provider": provider,
                 "model": model,
                 "lane": lane,
+                "estimated_tokens": estimated_tokens,
             },
             prompt=prompt,
             command=command,
@@ -168,7 +170,7 @@ class Turn(TurnDecisions):
             self._stop_heartbeat()
             self._terminate_child()
             assert self.lease is not None
-            self.plane.complete_live_turn(self.lease, self._clock(), self._completion)
+            self.plane.complete_live_turn(self.lease, self._clock(), self._settled_completion())
         except BaseException as error:
             self._unwind(error)
             raise

@@ -10,10 +10,11 @@ live in :mod:`.transitions`.
 from __future__ import annotations
 
 from ..tx import Statement
-from . import admission, dispatch, journal, leases, policy, queue, requests, transitions
+from . import admission, budgets, dispatch, journal, leases, policy, queue, requests, transitions
 
 __all__ = [
     "admission",
+    "budgets",
     "dispatch",
     "every_statement",
     "journal",
@@ -27,5 +28,5 @@ __all__ = [
 
 def every_statement() -> tuple[Statement, ...]:
     """Every statement of every module (to compile them all ahead of time, or to check them)."""
-    modules = (admission, dispatch, journal, leases, policy, queue, requests, transitions)
+    modules = (admission, budgets, dispatch, journal, leases, policy, queue, requests, transitions)
     return tuple(value for module in modules for value in vars(module).values() if isinstance(value, Statement))

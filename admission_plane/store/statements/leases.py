@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, delete, func, insert, literal, select, update
+from sqlalchemy import BigInteger, delete, exists, func, insert, literal, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from ...states import START_WINDOW_PHASES, STARTING_PHASES
-from ..model import Cooldown, Lease, StartHistory
+from ..model import BudgetCharge, Cooldown, Lease, StartHistory
 from ..rows import LeaseRow
 from ..tx import Query, Scalar, Statement
 from ..unit_of_work import START_LOCK_KEY
@@ -14,11 +14,15 @@ from ._build import P, fenced, one_of
 
 L, C, SH = Lease, Cooldown, StartHistory
 
-_lease = select(L.lease_id, L.request_id, L.generation, L.owner_instance_id, L.phase).where(L.lease_id == P("lease_id"))
+#: ``charged``: the request holds a budget reservation (so freeing the seat settles it; see ``service._budgets``).
+_charged = exists().where(BudgetCharge.charge_id == L.request_id).label("charged")
+_lease = select(L.lease_id, L.request_id, L.generation, L.owner_instance_id, L.phase, _charged).where(
+    L.lease_id == P("lease_id")
+)
 SELECT_LEASE = Query(_lease, LeaseRow)
 #: The lease, row-locked until the transaction ends (a lease unit's first read; SQLite: plain,
 #: its write lock already covers the whole database).
-SELECT_LEASE_FOR_UPDATE = Query(_lease.with_for_update(), LeaseRow)
+SELECT_LEASE_FOR_UPDATE = Query(_lease.with_for_update(of=L), LeaseRow)
 HEARTBEAT = Statement(fenced(update(L)).values(heartbeat_at=P("now"), suspect_since=None, suspect_reason=None))
 MARK_SUSPECT = Statement(
     fenced(update(L)).values(suspect_since=func.coalesce(L.suspect_since, P("now")), suspect_reason=P("reason"))

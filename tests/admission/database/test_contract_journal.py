@@ -60,6 +60,11 @@ BEYOND_THE_SEED = {
     ("policy_revised", "policy_soft_draining_to_1", "policy_steady"),
     *(("admission_paused", "admitting", f"paused_{scope}") for scope in ("all", "lane", "key")),
     *(("admission_resumed", f"paused_{scope}", "admitting") for scope in ("all", "lane", "key")),
+    # Budgets: a turn's reservation and how it settled; usage and corrections from outside the plane.
+    ("budget_reserved", "uncharged", "reserved"),
+    *(("budget_settled", "reserved", state) for state in ("reconciled", "charged", "retained", "refunded")),
+    ("budget_usage_recorded", "outside_plane", "external"),
+    ("budget_corrected", "outside_plane", "correction"),
 }
 REQUEST_STATES = {
     "queued",
@@ -260,7 +265,8 @@ def test_the_allowlist_is_exactly_the_contracts_set() -> None:
 def test_valid_state_tokens_are_the_request_states_absent_and_the_policy_states() -> None:
     """The journal's state tokens are the 12 request states, `absent`, `policy_steady` and
     `policy_soft_draining_to_1`, and (beyond the seed) `untrusted` and `retained` of an untrusted recovery row,
-    `admitting` and the three kinds of paused scope (never a lane, provider or model name)."""
+    `admitting` and the three kinds of paused scope (never a lane, provider or model name), and the budget
+    states (never a key or an amount)."""
     assert {str(state) for state in EVENT_STATES} == REQUEST_STATES | {
         "absent",
         "policy_steady",
@@ -271,6 +277,14 @@ def test_valid_state_tokens_are_the_request_states_absent_and_the_policy_states(
         "paused_all",
         "paused_lane",
         "paused_key",
+        "uncharged",
+        "reserved",
+        "reconciled",
+        "charged",
+        "refunded",
+        "outside_plane",
+        "external",
+        "correction",
     }
 
 

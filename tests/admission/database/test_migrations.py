@@ -48,6 +48,8 @@ POLICY_V2_TABLES = {
     "queue_agents",
     "queue_keys",
 }
+#: Revision 0007 (budgets): charges and token estimates.
+BUDGET_TABLES = {"budget_charges", "turn_estimates"}
 
 
 def tables(path: Path) -> set[str]:
@@ -80,11 +82,11 @@ def run_cli(*arguments: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_upgrade_head_creates_the_eleven_v3_tables_the_policy_v2_tables_and_the_ledger(tmp_path: Path) -> None:
-    """A new file upgraded to head holds exactly the v3 tables, revision 0006's seven tables, ledger rows 1 to 3 and
-    Alembic's version row."""
+    """A new file upgraded to head holds exactly the v3 tables, revision 0006's seven tables, revision 0007's two,
+    ledger rows 1 to 3 and Alembic's version row."""
     database = tmp_path / "fresh.sqlite"
     command.upgrade(migrate.alembic_config(database), "head")
-    assert tables(database) == V3_TABLES | POLICY_V2_TABLES | {"alembic_version"}
+    assert tables(database) == V3_TABLES | POLICY_V2_TABLES | BUDGET_TABLES | {"alembic_version"}
     assert [(version, name) for version, name, _ in ledger(database)] == list(migrate.SEED_LEDGER)
     assert alembic_version(database) == [migrate.HEAD_REVISION]
 

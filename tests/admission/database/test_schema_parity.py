@@ -84,7 +84,8 @@ def test_alembic_schema_text_is_byte_identical_to_the_seeds(seed_v3: Path, alemb
 
 def test_head_adds_only_the_documented_extensions_to_the_seed_schema(seed_v3: Path, alembic_head: Path) -> None:
     """Revisions after v3 add exactly the host_id columns, the state/deadline index, and (0006, policy v2) the lane and
-    revision columns, the session/state index and the seven new tables with their indexes, nothing else."""
+    revision columns, the session/state index and the seven new tables with their indexes, and (0007, budgets) the
+    charge and estimate tables with the charges' two window indexes, nothing else."""
     seed, ours = pragma_picture(seed_v3), pragma_picture(alembic_head)
     spec = schema_check.expected_spec()
     new_tables = {
@@ -95,6 +96,8 @@ def test_head_adds_only_the_documented_extensions_to_the_seed_schema(seed_v3: Pa
         "queue_sessions",
         "queue_agents",
         "queue_keys",
+        "budget_charges",
+        "turn_estimates",
     }
     assert sorted(ours) == sorted([*seed, *new_tables])
     for table in seed:
@@ -107,6 +110,7 @@ def test_head_adds_only_the_documented_extensions_to_the_seed_schema(seed_v3: Pa
     new_indexes = {index.name for index in spec.indexes} - {index.name for index in schema_check.INDEXES}
     request_indexes = {"turn_requests_state_deadline", "turn_requests_session_state"}
     index_indexes = {"queue_entries_group", "queue_sessions_order", "queue_agents_order", "queue_keys_order"}
+    index_indexes |= {"budget_charges_key", "budget_charges_provider"}
     assert new_indexes == request_indexes | index_indexes
     assert {row[1] for row in ours["turn_requests"]["index_list"]} - {
         row[1] for row in seed["turn_requests"]["index_list"]

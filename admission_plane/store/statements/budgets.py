@@ -1,0 +1,93 @@
+"""Budgets: token estimates, charges, and what counts in a window (see ``service._budgets``)."""
+
+from __future__ import annotations
+
+from sqlalchemy import case, delete, func, insert, select, update
+
+from ...states import ChargeState
+from ..model import BudgetCharge, TurnEstimate
+from ..rows import BudgetUsageRow, ChargeRow
+from ..tx import AnySelect, Query, Scalar, Statement
+from ._build import P, lit
+
+BC, TE = BudgetCharge, TurnEstimate
+
+INSERT_ESTIMATE = Statement(insert(TE).values(request_id=P("request_id"), tokens=P("tokens")))
+SELECT_ESTIMATE: Scalar[int] = Scalar(select(TE.tokens).where(TE.request_id == P("request_id")))
+
+INSERT_CHARGE = Statement(
+    insert(BC).values(
+        charge_id=P("charge_id"),
+        provider=P("provider"),
+        model=P("model"),
+        charged_at=P("now"),
+        requests=P("requests"),
+        reserved_tokens=P("reserved_tokens"),
+        used_tokens=P("used_tokens"),
+        state=P("state"),
+    )
+)
+_reserved = BC.state == lit(ChargeState.RESERVED)
+#: Settle a turn's reservation to what it used (``used_tokens``), or to its estimate when it reported nothing.
+SETTLE_CHARGE = Statement(
+    update(BC)
+    .where(BC.charge_id == P("request_id"), _reserved)
+    .values(used_tokens=func.coalesce(P("used_tokens"), BC.reserved_tokens), state=P("state"))
+)
+#: ``recovery_required``: the reservation stands (``used_tokens`` stays NULL), only its state changes.
+RETAIN_CHARGE = Statement(
+    update(BC).where(BC.charge_id == P("request_id"), _reserved).values(state=lit(ChargeState.RETAINED))
+)
+#: A refund: no prompt was written, so nothing counts (row count 0: there was no reservation).
+REFUND_CHARGE = Statement(delete(BC).where(BC.charge_id == P("request_id"), _reserved))
+#: Forget settled charges that left every window (a live turn's reservation stays until it settles).
+PRUNE_CHARGES = Statement(delete(BC).where(BC.charged_at <= P("cutoff"), ~_reserved))
+
+_tokens = func.coalesce(BC.used_tokens, BC.reserved_tokens)
+
+
+def _usage(model_level: bool) -> AnySelect:
+    scope = [BC.provider == P("provider"), BC.charged_at > P("since")]
+    if model_level:
+        scope.append(BC.model == P("model"))
+    return select(
+        func.coalesce(func.sum(BC.requests), 0).label("requests"),
+        func.coalesce(func.sum(case((BC.used_tokens.is_(None), BC.reserved_tokens), else_=0)), 0).label(
+            "reserved_tokens"
+        ),
+        func.coalesce(func.sum(func.coalesce(BC.used_tokens, 0)), 0).label("used_tokens"),
+        func.min(BC.charged_at).label("oldest"),
+    ).where(*scope)
+
+
+#: What counts in one window of a provider/model key, or of a whole provider.
+KEY_USAGE = Query(_usage(model_level=True), BudgetUsageRow)
+PROVIDER_USAGE = Query(_usage(model_level=False), BudgetUsageRow)
+
+
+def _charges(model_level: bool) -> AnySelect:
+    scope = [BC.provider == P("provider"), BC.charged_at > P("since")]
+    if model_level:
+        scope.append(BC.model == P("model"))
+    return (
+        select(BC.charged_at, BC.requests, _tokens.label("tokens")).where(*scope).order_by(BC.charged_at, BC.charge_id)
+    )
+
+
+#: The charges of a window, oldest first (when a blocked key's window frees enough).
+KEY_CHARGES = Query(_charges(model_level=True), ChargeRow)
+PROVIDER_CHARGES = Query(_charges(model_level=False), ChargeRow)
+
+__all__ = [
+    "INSERT_CHARGE",
+    "INSERT_ESTIMATE",
+    "KEY_CHARGES",
+    "KEY_USAGE",
+    "PROVIDER_CHARGES",
+    "PROVIDER_USAGE",
+    "PRUNE_CHARGES",
+    "REFUND_CHARGE",
+    "RETAIN_CHARGE",
+    "SELECT_ESTIMATE",
+    "SETTLE_CHARGE",
+]
