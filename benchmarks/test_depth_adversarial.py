@@ -35,7 +35,7 @@ from typing import Any
 import attrs
 import pytest
 
-from admission_plane import AdmissionPlane, KeyLimit, Lane, Policy
+from admission_plane import AdmissionPlane, Budget, KeyLimit, Lane, Policy
 from admission_plane.evidence import ConnectorIdentity
 from admission_plane.service import _admission
 from admission_plane.service._admission import Wake
@@ -74,6 +74,13 @@ def _behind(wake: Wake) -> bool:
 
 
 P = "antigravity"
+#: The longest budget window: a charge made while the queue is built stays in it for the whole run.
+WEEK = 7 * 24 * 3_600_000
+
+
+def _budget_wake(wake: Wake) -> bool:
+    """Out of budget: the window's own clock (when the spent charge leaves it), or a freed seat that settles a turn."""
+    return wake.queue == 1 and wake.seats and not wake.starts and wake.at is not None
 
 
 def _policy(**changes: Any) -> Policy:
@@ -239,6 +246,26 @@ SHAPES = {
             Spec(agent="agent-p", session="s-p"),
             lambda spec: spec.payload,
             lambda wake: wake == Wake(),
+        ),
+        # Issue 14: the oldest requests' key is out of budget (a request budget spent, so the key is
+        # skipped by its head; a token budget spent, so the key's best request does not fit).
+        Shape(
+            "budget_requests_spent",
+            _agents(16, model="m-spent"),
+            Spec(agent="agent-o", session="s-o", model="m-open"),
+            lambda spec: spec.model == "m-open",
+            _budget_wake,
+            policy=_policy(budgets=(Budget(P, "m-spent", WEEK, max_requests=2),)),
+            prepare=lambda plane, now: plane.record_external_usage(P, "m-spent", requests=2, now=now),
+        ),
+        Shape(
+            "budget_tokens_spent",
+            _agents(16, model="m-spent"),
+            Spec(agent="agent-o", session="s-o", model="m-open"),
+            lambda spec: spec.model == "m-open",
+            _budget_wake,
+            policy=_policy(budgets=(Budget(P, "m-spent", WEEK, max_tokens=1_000),)),
+            prepare=lambda plane, now: plane.record_external_usage(P, "m-spent", tokens=1_000, now=now),
         ),
     )
 }

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from sqlalchemy import case, delete, func, insert, select, update
+from sqlalchemy import SQLColumnExpression, case, cast, delete, func, insert, select, update
+from sqlalchemy.sql.elements import ColumnElement
 
 from ...states import ChargeState
-from ..model import BudgetCharge, TurnEstimate
+from ..model import BudgetCharge, Int64, TurnEstimate
 from ..rows import BudgetUsageRow, ChargeRow
 from ..tx import AnySelect, Query, Scalar, Statement
 from ._build import P, lit
@@ -51,13 +52,16 @@ def _usage(model_level: bool) -> AnySelect:
     if model_level:
         scope.append(BC.model == P("model"))
     return select(
-        func.coalesce(func.sum(BC.requests), 0).label("requests"),
-        func.coalesce(func.sum(case((BC.used_tokens.is_(None), BC.reserved_tokens), else_=0)), 0).label(
-            "reserved_tokens"
-        ),
-        func.coalesce(func.sum(func.coalesce(BC.used_tokens, 0)), 0).label("used_tokens"),
+        _total(BC.requests).label("requests"),
+        _total(case((BC.used_tokens.is_(None), BC.reserved_tokens), else_=0)).label("reserved_tokens"),
+        _total(func.coalesce(BC.used_tokens, 0)).label("used_tokens"),
         func.min(BC.charged_at).label("oldest"),
     ).where(*scope)
+
+
+def _total(column: SQLColumnExpression[int]) -> ColumnElement[int]:
+    """``SUM`` as an integer (PostgreSQL sums bigints as numeric), 0 over no rows."""
+    return cast(func.coalesce(func.sum(column), 0), Int64)
 
 
 #: What counts in one window of a provider/model key, or of a whole provider.
