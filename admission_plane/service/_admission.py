@@ -82,17 +82,29 @@ def admit_next(ctx: PlaneContext, now: int, owner_instance_id: str) -> AdmittedL
 
 
 def admit_request(
-    ctx: PlaneContext, request_id: str, now: int, owner_instance_id: str, *, plan_wait: bool = True
+    ctx: PlaneContext,
+    request_id: str,
+    now: int,
+    owner_instance_id: str,
+    *,
+    plan_wait: bool = True,
+    direct: bool = False,
 ) -> tuple[AdmittedLease | None, Wake | None]:
     """Admit ``request_id`` only if the rule would choose exactly it now; else what to wait for.
 
     The wake is ``None`` when the request is no longer queued (nothing to wait for).
     Without ``plan_wait`` the look stops as soon as it knows the answer is "not now", and
-    the returned wake is a plain "look again".
+    the returned wake is a plain "look again". With ``direct`` it tries the admission first
+    and looks only if that admitted nothing (a waiter's first attempt on PostgreSQL, where the
+    look's statements are round trips and a request just queued is often admitted at once).
     """
     v.identifier(request_id, "admission request ID")
     v.identifier(owner_instance_id, "admission owner instance ID")
     v.timestamp(now, "admission timestamp")
+    if direct:
+        lease = ctx.run(lambda tx: admit_in_transaction(ctx, tx, now, owner_instance_id, request_id))
+        if lease is not None:
+            return lease, None
     # A read-only look first: with nothing to time out and ``request_id`` not the one the
     # rule would admit now, the attempt is a no-op, so waiting connectors look without
     # taking the write lock. The writing transaction re-checks everything, so the look

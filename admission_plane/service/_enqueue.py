@@ -104,15 +104,15 @@ def enqueue(ctx: PlaneContext, meta: Metadata, connector: ConnectorIdentity, now
     ctx.keys.require_content()
 
     def work(tx: Tx) -> EnqueueResult:
-        result = insert_request(ctx, tx, meta, now)
+        result, _lane = insert_request(ctx, tx, meta, now)
         bind_owner(ctx, tx, meta.request_id, connector, now, result.existed)
         return result
 
     return ctx.run(work)
 
 
-def insert_request(ctx: PlaneContext, tx: Tx, meta: Metadata, now: int) -> EnqueueResult:
-    """Insert the request (``absent -> queued``), or accept an exact replay of it.
+def insert_request(ctx: PlaneContext, tx: Tx, meta: Metadata, now: int) -> tuple[EnqueueResult, str]:
+    """Insert the request (``absent -> queued``), or accept an exact replay of it; and its lane.
 
     The policy in force decides the lane (it must name it), the queue deadline and, for a
     policy that refuses requests beyond the per-session limit, whether the session has room.
@@ -123,7 +123,7 @@ def insert_request(ctx: PlaneContext, tx: Tx, meta: Metadata, now: int) -> Enque
     if existing is not None:
         if existing != meta.stored(lane) or _budgets.stored_estimate(tx, meta.request_id) != meta.estimated_tokens:
             raise AdmissionConflictError()
-        return EnqueueResult(meta.request_id, True)
+        return EnqueueResult(meta.request_id, True), lane
     if all(known.name != lane for known in policy.lanes):
         raise InvalidInputError("request lane is not a lane of the admission policy")
     limit = policy.max_turns_per_session
@@ -136,7 +136,7 @@ def insert_request(ctx: PlaneContext, tx: Tx, meta: Metadata, now: int) -> Enque
     tx.execute(INSERT_REQUEST, params)
     _budgets.store_estimate(tx, meta.request_id, meta.estimated_tokens)
     _journal.record(ctx, tx, EventKind.REQUEST_ENQUEUED, meta.request_id, ABSENT, S.QUEUED, now)
-    return EnqueueResult(meta.request_id, False)
+    return EnqueueResult(meta.request_id, False), lane
 
 
 def bind_owner(
@@ -152,12 +152,16 @@ def bind_owner(
 
     ``status`` is the request's row when the caller already read and checked it here.
     """
-    stored = tx.one(SELECT_QUEUED_OWNER, {"owner_instance_id": connector.owner_instance_id})
+    # This plane's own record, once seen committed, is never read again (a record is never deleted).
+    known = connector is ctx.owner_identity and ctx.owner_recorded
+    stored = None if known else tx.one(SELECT_QUEUED_OWNER, {"owner_instance_id": connector.owner_instance_id})
     values = _owner_values(connector)
-    if stored is None:
+    if stored is None and not known:
         tx.execute(INSERT_QUEUED_OWNER, {**values, "now": now, "host_id": ctx.host_id})
-    elif as_params(stored) != values:
+    elif stored is not None and as_params(stored) != values:
         raise AdmissionConflictError()
+    elif stored is not None and connector is ctx.owner_identity:
+        ctx.owner_recorded = True
     if status is None:
         status = require_queued(tx, request_id)
     if status.queued_owner_instance_id == connector.owner_instance_id:

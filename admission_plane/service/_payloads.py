@@ -12,7 +12,8 @@ from ..errors import (
     PayloadIntegrityError,
 )
 from ..evidence import ConnectorIdentity
-from ..store.rows import PayloadRow
+from ..states import RequestState as S
+from ..store.rows import EntryRow, PayloadRow, RequestStatus
 from ..store.statements.requests import (
     INSERT_PAYLOAD,
     SELECT_ENTRY_OF_REQUEST,
@@ -45,9 +46,15 @@ def enqueue_with_payload(
     fingerprint_hex, sealed = _seal(ctx, meta.request_id, plaintext)
 
     def work(tx: Tx) -> EnqueueResult:
-        result = insert_request(ctx, tx, meta, now)
+        result, lane = insert_request(ctx, tx, meta, now)
+        if not result.existed:
+            # Created by this transaction: queued, bound to no connector yet, without a payload.
+            bind_owner(ctx, tx, meta.request_id, connector, now, False, RequestStatus(S.QUEUED, None))
+            entry = EntryRow(lane, meta.provider, meta.model, meta.agent_id, meta.session_id, now)
+            _insert(tx, meta.request_id, sealed, fingerprint_hex, expires_at, now, entry)
+            return result
         status = require_queued(tx, meta.request_id)
-        bind_owner(ctx, tx, meta.request_id, connector, now, result.existed, status)
+        bind_owner(ctx, tx, meta.request_id, connector, now, True, status)
         if _stored_already(tx, meta.request_id, fingerprint_hex):
             return EnqueueResult(meta.request_id, True)
         _insert(tx, meta.request_id, sealed, fingerprint_hex, expires_at, now)
@@ -116,8 +123,17 @@ def _stored_already(tx: Tx, request_id: str, fingerprint_hex: str) -> bool:
     return True
 
 
-def _insert(tx: Tx, request_id: str, sealed: SealedPayload, fingerprint_hex: str, expires_at: int, now: int) -> None:
-    """Store the sealed prompt of a queued request, which makes it admissible (it enters the admission index)."""
+def _insert(
+    tx: Tx,
+    request_id: str,
+    sealed: SealedPayload,
+    fingerprint_hex: str,
+    expires_at: int,
+    now: int,
+    entry: EntryRow | None = None,
+) -> None:
+    """Store the sealed prompt of a queued request, which makes it admissible (it enters the admission index;
+    ``entry``: its place, when the caller knows it)."""
     tx.execute(
         INSERT_PAYLOAD,
         {
@@ -132,6 +148,7 @@ def _insert(tx: Tx, request_id: str, sealed: SealedPayload, fingerprint_hex: str
         },
     )
     # Its place in the admission index (the request is queued: the caller checked it).
-    entry = tx.one(SELECT_ENTRY_OF_REQUEST, {"request_id": request_id})
+    if entry is None:
+        entry = tx.one(SELECT_ENTRY_OF_REQUEST, {"request_id": request_id})
     if entry is not None:
         _queue_index.add(tx, request_id, entry)

@@ -49,10 +49,13 @@ def wait_for_admission(
         # The first wait is on the doorbell too: give its LISTEN a moment to be in place.
         doorbell.wait_ready(LISTEN_READY_S)
     delay = initial_delay_ms / 1000
+    # PostgreSQL: the first attempt writes at once (see ``admit_request``); later ones look first.
+    direct = ctx.engine.dialect.name == "postgresql"
     while True:
         seen = None if doorbell is None else doorbell.read()
         now = ctx.now()
-        lease, wake = admit_request(ctx, request_id, now, owner_instance_id)
+        lease, wake = admit_request(ctx, request_id, now, owner_instance_id, direct=direct)
+        direct = False
         if lease is not None:
             return lease
         if wake is None or (deadline is not None and now >= deadline):
