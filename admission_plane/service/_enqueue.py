@@ -31,8 +31,10 @@ from ..store.statements.requests import (
     SELECT_QUEUED_OWNER,
     SELECT_REQUEST_META,
     SELECT_REQUEST_STATUS,
+    SESSION_LOCK,
 )
 from ..store.tx import Tx
+from ..store.unit_of_work import Gate
 from ..values import EnqueueResult
 from . import _budgets, _journal, _policy
 from ._context import PlaneContext
@@ -108,7 +110,18 @@ def enqueue(ctx: PlaneContext, meta: Metadata, connector: ConnectorIdentity, now
         bind_owner(ctx, tx, meta.request_id, connector, now, result.existed)
         return result
 
-    return ctx.run(work)
+    return ctx.run(work, gate=ENQUEUE_GATE)
+
+
+#: How an enqueue takes the PostgreSQL gate: shared, beside lease units and other enqueues, never
+#: beside an admission. What it writes is the new request's own rows, its connector's record and its
+#: place in the admission index; nothing it reads can be changed by a unit running beside it but
+#: the same request or connector enqueued at the same moment (``ON CONFLICT DO NOTHING``, then a
+#: comparison, as for a replay) and a session's count under a refusing per-session limit (the
+#: session lock). The index's group heads are lowered by upserts, each one row's atomic minimum, so
+#: two enqueues of one group end with the older head. Admission, which reads the index, never runs
+#: beside an enqueue (see :mod:`admission_plane.store.unit_of_work`).
+ENQUEUE_GATE = Gate.LEASE
 
 
 def insert_request(ctx: PlaneContext, tx: Tx, meta: Metadata, now: int) -> tuple[EnqueueResult, str]:
@@ -128,12 +141,18 @@ def insert_request(ctx: PlaneContext, tx: Tx, meta: Metadata, now: int) -> tuple
         raise InvalidInputError("request lane is not a lane of the admission policy")
     limit = policy.max_turns_per_session
     if limit is not None and policy.session_overflow == "refuse":
+        if tx.shared:  # enqueues of one session must not count side by side
+            tx.execute(SESSION_LOCK, {"session_id": meta.session_id})
         held = tx.scalar(COUNT_SESSION_OPEN, {"session_id": meta.session_id, "limit": limit}) or 0
         if held >= limit:
             raise SessionLimitError()
     _budgets.check_estimate(policy, meta.provider, meta.model, meta.estimated_tokens)
     params = {**as_params(meta), "lane": lane, "now": now, "deadline_at": now + policy.queue_timeout_ms}
-    tx.execute(INSERT_REQUEST, params)
+    if tx.execute(INSERT_REQUEST, params) == 0:  # PostgreSQL: the same request, enqueued at this very moment
+        raced = tx.one(SELECT_REQUEST_META, {"request_id": meta.request_id})
+        if raced != meta.stored(lane) or _budgets.stored_estimate(tx, meta.request_id) != meta.estimated_tokens:
+            raise AdmissionConflictError()
+        return EnqueueResult(meta.request_id, True), lane
     _budgets.store_estimate(tx, meta.request_id, meta.estimated_tokens)
     _journal.record(ctx, tx, EventKind.REQUEST_ENQUEUED, meta.request_id, ABSENT, S.QUEUED, now)
     return EnqueueResult(meta.request_id, False), lane
@@ -157,7 +176,11 @@ def bind_owner(
     stored = None if known else tx.one(SELECT_QUEUED_OWNER, {"owner_instance_id": connector.owner_instance_id})
     values = _owner_values(connector)
     if stored is None and not known:
-        tx.execute(INSERT_QUEUED_OWNER, {**values, "now": now, "host_id": ctx.host_id})
+        if tx.execute(INSERT_QUEUED_OWNER, {**values, "now": now, "host_id": ctx.host_id}) == 0:
+            # PostgreSQL: recorded at this very moment by another enqueue of the same connector.
+            raced = tx.one(SELECT_QUEUED_OWNER, {"owner_instance_id": connector.owner_instance_id})
+            if raced is None or as_params(raced) != values:
+                raise AdmissionConflictError()
     elif stored is not None and as_params(stored) != values:
         raise AdmissionConflictError()
     elif stored is not None and connector is ctx.owner_identity:

@@ -25,7 +25,7 @@ from ..store.tx import Tx
 from ..values import EnqueueResult
 from . import _queue_index
 from ._context import PlaneContext
-from ._enqueue import Metadata, bind_owner, insert_request, require_queued
+from ._enqueue import ENQUEUE_GATE, Metadata, bind_owner, insert_request, require_queued
 
 
 def check_expiry(now: int, expires_at: int) -> None:
@@ -60,7 +60,7 @@ def enqueue_with_payload(
         _insert(tx, meta.request_id, sealed, fingerprint_hex, expires_at, now)
         return result
 
-    return ctx.run(work)
+    return ctx.run(work, gate=ENQUEUE_GATE)
 
 
 def persist(ctx: PlaneContext, request_id: str, plaintext: str, now: int, expires_at: int) -> None:

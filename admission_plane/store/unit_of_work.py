@@ -16,7 +16,7 @@ Why this is enough to serialise admission:
   transaction-level advisory lock :data:`ADVISORY_LOCK_KEY` (the *gate*), released at
   commit or rollback, in one of two modes (:class:`Gate`):
 
-  - ``Gate.ADMISSION`` takes it **exclusively**: enqueue, admission (seat counting,
+  - ``Gate.ADMISSION`` takes it **exclusively**: admission (seat counting,
     selection, reservation), cancel and time-out of queued requests, policy changes and
     pauses, cooldowns set by hand, the reaper's queued-owner settlements: everything that
     can raise a count admission reads, and everything that reads those counts to decide.
@@ -27,7 +27,8 @@ Why this is enough to serialise admission:
     consistent.
   - ``Gate.LEASE`` takes it **shared**: the fenced transitions of one existing lease
     (starting, dispatch intent, active, heartbeat, suspicion, completion, abandonment,
-    recovery, the seat releases). Lease units run beside each other, so their commits
+    recovery, the seat releases), and enqueues (why that is enough for them:
+    :data:`admission_plane.service._enqueue.ENQUEUE_GATE`). Lease units run beside each other, so their commits
     overlap and share WAL flushes (group commit), but never beside an admission unit: an
     admission still sees a world no writer is changing. A lease unit locks the rows it
     relies on itself: its first read is the lease row ``FOR UPDATE``, so two units of the
@@ -119,7 +120,7 @@ class Gate(enum.Enum):
     """How a PostgreSQL unit takes the plane's advisory lock (see the module docstring)."""
 
     ADMISSION = "exclusive: serialised against every other writer"
-    LEASE = "shared: beside other lease units, never beside an admission unit"
+    LEASE = "shared: lease units and enqueues beside each other, never beside an admission unit"
 
 
 class UnitOfWork:

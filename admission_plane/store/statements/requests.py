@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import BigInteger, func, insert, literal, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from ...states import OWNER_DEATH_PHASES, SEAT_PHASES, RequestState
@@ -13,6 +13,8 @@ from ._build import P, lit, one, one_of
 
 R, PL, QO = TurnRequest, TurnPayload, QueuedOwnerInstance
 QUEUED = RequestState.QUEUED
+#: The seed of the per-session enqueue lock's key (``hashtextextended(session_id, seed)``; "admsess").
+SESSION_LOCK_SEED = 0x61646D73657373
 
 SELECT_REQUEST_META = Query(
     select(R.session_id, R.agent_id, R.fingerprint, R.provider, R.model, R.lane).where(R.request_id == P("request_id")),
@@ -27,19 +29,23 @@ SELECT_REQUEST = Query(
 SELECT_REQUEST_STATUS = Query(
     select(R.state, R.queued_owner_instance_id).where(R.request_id == P("request_id")), RequestStatus
 )
+_new_request = {
+    "request_id": P("request_id"),
+    "session_id": P("session_id"),
+    "agent_id": P("agent_id"),
+    "fingerprint": P("fingerprint"),
+    "provider": P("provider"),
+    "model": P("model"),
+    "state": lit(QUEUED),
+    "enqueued_at": P("now"),
+    "deadline_at": P("deadline_at"),
+    "lane": P("lane"),
+}
+#: PostgreSQL: enqueues run side by side (``Gate.LEASE``), so the same request enqueued twice at once
+#: inserts once; the other finds no row inserted (row count 0) and compares, as a replay does.
 INSERT_REQUEST = Statement(
-    insert(R).values(
-        request_id=P("request_id"),
-        session_id=P("session_id"),
-        agent_id=P("agent_id"),
-        fingerprint=P("fingerprint"),
-        provider=P("provider"),
-        model=P("model"),
-        state=lit(QUEUED),
-        enqueued_at=P("now"),
-        deadline_at=P("deadline_at"),
-        lane=P("lane"),
-    )
+    insert(R).values(**_new_request),
+    postgresql=postgresql.insert(R).values(**_new_request).on_conflict_do_nothing(index_elements=[R.request_id]),
 )
 #: A session's requests still queued or holding a seat, counted up to ``limit`` (its limit at enqueue).
 _open_states = (QUEUED, *sorted(SEAT_PHASES))
@@ -91,12 +97,20 @@ _OWNER_COLUMNS = (
     QO.session,
 )
 SELECT_QUEUED_OWNER = Query(select(*_OWNER_COLUMNS).where(QO.owner_instance_id == P("owner_instance_id")), OwnerRow)
+_new_owner = {
+    **{column.key: P(column.key) for column in _OWNER_COLUMNS},
+    "recorded_at": P("now"),
+    "host_id": P("host_id"),
+}
+#: PostgreSQL: two enqueues of one connector at once record it once (the other compares it, row count 0).
 INSERT_QUEUED_OWNER = Statement(
-    insert(QO).values(
-        **{column.key: P(column.key) for column in _OWNER_COLUMNS},
-        recorded_at=P("now"),
-        host_id=P("host_id"),
-    )
+    insert(QO).values(**_new_owner),
+    postgresql=postgresql.insert(QO).values(**_new_owner).on_conflict_do_nothing(index_elements=[QO.owner_instance_id]),
+)
+#: PostgreSQL: enqueues of one session under a policy that refuses requests beyond the session's
+#: limit follow one another (they count the session's requests before inserting).
+SESSION_LOCK = Statement(
+    select(func.pg_advisory_xact_lock(func.hashtextextended(P("session_id"), literal(SESSION_LOCK_SEED, BigInteger))))
 )
 BIND_QUEUED_OWNER = Statement(
     update(R)
