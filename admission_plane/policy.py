@@ -337,7 +337,10 @@ def _from_json_items(items: Any, kind: type[Any], label: str) -> Iterable[Any]:
     for item in items:
         if not isinstance(item, Mapping) or not set(item) <= allowed:
             raise InvalidInputError(f"admission policy {label} entries must be objects with fields {sorted(allowed)}")
-        yield kind(**item)
+        try:
+            yield kind(**item)
+        except TypeError:  # a required field missing (the names were checked above)
+            raise InvalidInputError(f"admission policy {label} entries miss a required field") from None
 
 
 #: The original's five policy fields, in the order of :meth:`Policy.as_tuple` (the durable row's columns).

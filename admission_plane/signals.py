@@ -222,7 +222,7 @@ def remaining_from_headers(headers: Mapping[str, str] | Iterable[tuple[str, str]
 def _lowered(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> dict[str, str]:
     lowered: dict[str, str] = {}
     given: object = headers  # checked as given: callers pass what their HTTP client returns
-    if isinstance(given, str | bytes):
+    if isinstance(given, str | bytes) or not isinstance(given, Iterable):
         raise InvalidInputError("response headers must be a mapping or (name, value) pairs")
     pairs: Iterable[object] = headers.items() if isinstance(headers, Mapping) else headers
     for pair in pairs:

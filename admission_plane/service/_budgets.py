@@ -44,14 +44,14 @@ budget (cached for the transaction), so the cost follows the charges in the wind
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 
 from .. import _validate as v
 from ..errors import BudgetError, InvalidInputError
 from ..policy import Budget, Policy
-from ..signals import Remaining
+from ..signals import Remaining, remaining_from_headers
 from ..states import BUDGET_EVENT_ID, OUTSIDE_PLANE, ChargeState, EventKind, RequestState
 from ..store.rows import BudgetUsageRow, LeaseRow
 from ..store.statements.budgets import (
@@ -303,7 +303,12 @@ def record_external_usage(
 
 
 def correct(
-    ctx: PlaneContext, provider: str, model: str, remaining: Remaining, now: int, window_ms: int | None
+    ctx: PlaneContext,
+    provider: str,
+    model: str,
+    remaining: Remaining | Mapping[str, str],
+    now: int,
+    window_ms: int | None,
 ) -> tuple[BudgetWindow, ...]:
     """Lower the key's budget windows to what the provider says remains (never raise them); the windows after.
 
@@ -312,11 +317,16 @@ def correct(
     """
     v.request_field("provider", provider)
     v.request_field("model", model)
-    if not isinstance(remaining, Remaining):
-        raise InvalidInputError("remaining must be a Remaining (see remaining_from_headers)")
     if window_ms is not None and (not v.is_safe_integer(window_ms) or window_ms < 1):
         raise InvalidInputError("window_ms must be a positive integer or None")
     v.timestamp(now, "budget correction timestamp")
+    if not isinstance(remaining, Remaining):
+        if not isinstance(remaining, Mapping):
+            raise InvalidInputError("remaining must be a Remaining or a mapping of response headers")
+        found = remaining_from_headers(remaining)
+        if found is None:
+            return ()  # the headers say nothing about what remains
+        remaining = found
 
     def work(tx: Tx) -> tuple[BudgetWindow, ...]:
         policy = _policy.effective(ctx, tx).policy

@@ -15,7 +15,7 @@ from ..errors import InvalidInputError
 from ..evidence import ConnectorIdentity
 from ..host import default_host_id
 from ..policy import Policy
-from ..signals import Remaining, remaining_from_headers
+from ..signals import Remaining
 from ..states import EventKind, RequestState, SuspectReason
 from ..store.doorbell import open_doorbell
 from ..store.engine import redacted_url
@@ -384,13 +384,6 @@ class AdmissionService(RecoveryOperations):
         such a figure change nothing). ``window_ms`` names the windows the figures are for
         (default: the shortest window of the key's budgets). Returns those windows afterwards.
         """
-        if not isinstance(remaining, Remaining):
-            if not isinstance(remaining, Mapping):
-                raise InvalidInputError("remaining must be a Remaining or a mapping of response headers")
-            found = remaining_from_headers(remaining)
-            if found is None:
-                return ()
-            remaining = found
         return _budgets.correct(self._ctx, provider, model, remaining, self._now(now), window_ms)
 
     def budget_status(self, now: int | None = None) -> tuple[BudgetWindow, ...]:

@@ -41,6 +41,7 @@ from planes import CONTENT_KEY, ENCRYPTION_KEY, dispatch_record
 from admission_plane import (
     AdmissionPlane,
     AdmittedLease,
+    Budget,
     ConnectorIdentity,
     DispatchIntentResult,
     DispatchRecord,
@@ -54,6 +55,7 @@ from admission_plane import (
     QueueSnapshot,
     ReaperSummary,
     ReleasedLease,
+    Remaining,
     StoredRequest,
     SuspectReason,
     Turn,
@@ -61,10 +63,24 @@ from admission_plane import (
 from admission_plane.errors import PayloadExpiredError
 from admission_plane.evidence import LIVE_READERS
 from admission_plane.turns import Backoff
+from admission_plane.values import MAX_TOKENS
 
 FIXED_NOW = 5_000
-#: The fuzzed plane's policy: room for one more admission and one more start.
-FUZZ_POLICY = Policy(5, 2, 0, 1_800_000, 30_000)
+#: A token budget of the fuzzed key: an estimate beyond it is refused (BudgetError), one within it is not.
+FUZZ_MAX_TOKENS = 1_000_000
+#: The fuzzed plane's policy: room for one more admission and one more start, and budgets of the planted key
+#: (a provider-wide minute and a model hour) generous enough never to hold an admission back.
+FUZZ_POLICY = Policy(
+    5,
+    2,
+    0,
+    1_800_000,
+    30_000,
+    budgets=(
+        Budget("antigravity", window_ms=60_000, max_requests=1_000, max_tokens=FUZZ_MAX_TOKENS),
+        Budget("antigravity", "model-test", window_ms=3_600_000, max_tokens=10 * FUZZ_MAX_TOKENS),
+    ),
+)
 #: The durable policy the valid claims record (the durable bounds are stricter).
 DURABLE_POLICY = Policy(5, 2, 2_000, 1_800_000, 30_000)
 NOW = st.sampled_from([FIXED_NOW, 6_000])
@@ -355,6 +371,9 @@ def operations(state: PlaneState) -> dict[str, Call]:
         "record_untrusted_recovery_rows": Call(
             {"count": _limit(2), "now": now()}, method("record_untrusted_recovery_rows"), type(None)
         ),
+        "record_external_usage": Call(_external_usage_args(), method("record_external_usage"), type(None)),
+        "correct_budget": Call(_correction_args(), method("correct_budget"), tuple),
+        "budget_status": Call({"now": _optional_now()}, method("budget_status"), tuple, writes=False),
         "turn": Call(_turn_args(), method("turn"), Turn, writes=False),
         "AdmissionPlane": Call(_plane_args(state), _open_plane, AdmissionPlane, writes=False),
     }
@@ -371,6 +390,98 @@ def _enqueue_args(state: PlaneState) -> dict[str, Arg]:
         "model": identifier(st.just("model-test")),
         "now": now(),
         "owner_identity": connector(state, optional=True),
+        "estimated_tokens": _estimate(),
+    }
+
+
+def _estimate() -> Arg:
+    """An enqueue's estimated tokens: ``None`` or 0..MAX_TOKENS (beyond the key's token budget: BudgetError)."""
+    wrong = st.one_of(
+        NOT_NONE, NOT_AN_INT.filter(lambda value: value is not None), OUT_OF_RANGE, st.integers(MAX_TOKENS + 1)
+    )
+    odd = st.one_of(st.integers(0, MAX_SAFE), st.sampled_from([FUZZ_MAX_TOKENS, FUZZ_MAX_TOKENS + 1, MAX_TOKENS]))
+    return Arg(st.sampled_from([None, 1_000]), wrong=wrong, odd=odd)
+
+
+def _optional_now() -> Arg:
+    """A time that defaults to the plane's clock: ``None`` or a timestamp."""
+    found = timestamp(NOW)
+    return Arg(st.one_of(st.none(), NOW), wrong=found.wrong.filter(lambda value: value is not None), odd=found.odd)
+
+
+def _token_count(valid: list[int]) -> Arg:
+    """A count of requests or tokens: 0..MAX_TOKENS."""
+    wrong = st.one_of(NOT_AN_INT_AT_ALL, OUT_OF_RANGE, st.integers(MAX_TOKENS + 1, MAX_SAFE))
+    return Arg(st.sampled_from(valid), wrong=wrong, odd=st.integers(0, MAX_SAFE))
+
+
+def _optional_model() -> Arg:
+    """A model, or ``None`` for the provider as a whole."""
+    return Arg(
+        st.sampled_from([None, "model-test"]),
+        wrong=st.one_of(NOT_TEXT.filter(lambda value: value is not None), BAD_IDENTIFIER_TEXT),
+        odd=ODD_TEXT,
+    )
+
+
+def _external_usage_args() -> dict[str, Arg]:
+    """``record_external_usage``: valid counts never both zero (which it refuses)."""
+    return {
+        "provider": identifier(st.just("antigravity")),
+        "model": _optional_model(),
+        "requests": _token_count([1, 2]),
+        "tokens": _token_count([0, 500]),
+        "now": _optional_now(),
+    }
+
+
+#: Response headers as the providers send them (OpenAI's, Anthropic's, and none that say what remains).
+HEADERS = [
+    {"x-ratelimit-remaining-requests": "999", "x-ratelimit-remaining-tokens": "999000"},
+    {"anthropic-ratelimit-requests-remaining": "998", "anthropic-ratelimit-output-tokens-remaining": "990000"},
+    {"content-type": "application/json"},
+]
+REMAINING_NAMES = st.sampled_from(
+    ["x-ratelimit-remaining-requests", "X-RateLimit-Remaining-Tokens", "anthropic-ratelimit-tokens-remaining"]
+)
+
+
+def _remaining() -> Arg:
+    """What the provider says remains: a ``Remaining`` or a mapping of response headers."""
+    count = st.one_of(st.none(), st.integers(0, MAX_SAFE))
+    wrong = st.one_of(
+        NOT_NONE.filter(lambda value: not isinstance(value, dict)),
+        st.none(),
+        NOT_AN_INT,
+        ANY_TEXT,
+        st.sampled_from(
+            [
+                [("x-ratelimit-remaining-requests", "5")],  # pairs, not a mapping
+                {"requests": 5, "tokens": 5},
+                {5: "5"},
+                {b"x-ratelimit-remaining-requests": b"5"},
+            ]
+        ),
+        st.dictionaries(REMAINING_NAMES, st.sampled_from(["-1", "1.5", "", "１", str(2**53), "x" * 100]), min_size=1),
+        st.dictionaries(REMAINING_NAMES, st.one_of(NOT_TEXT, st.none()), min_size=1),
+    )
+    odd = st.one_of(
+        st.builds(Remaining, count, count),
+        st.dictionaries(st.one_of(REMAINING_NAMES, ANY_TEXT), ANY_TEXT, max_size=4),
+        st.dictionaries(REMAINING_NAMES, st.integers(0, 2**60).map(str), max_size=3),
+    )
+    return Arg(st.sampled_from([Remaining(999, 999_000), Remaining(tokens=10), *HEADERS]), wrong=wrong, odd=odd)
+
+
+def _correction_args() -> dict[str, Arg]:
+    """``correct_budget`` for the planted key (its windows: the provider's minute, the model's hour)."""
+    window_wrong = st.one_of(NOT_AN_INT.filter(lambda value: value is not None), OUT_OF_RANGE, st.just(0), NOT_NONE)
+    return {
+        "provider": identifier(st.just("antigravity")),
+        "model": identifier(st.just("model-test")),
+        "remaining": _remaining(),
+        "window_ms": Arg(st.sampled_from([None, 60_000, 3_600_000]), wrong=window_wrong, odd=st.integers(1, MAX_SAFE)),
+        "now": _optional_now(),
     }
 
 
@@ -554,4 +665,4 @@ def _open_plane(_plane: Any, arguments: dict[str, Any]) -> AdmissionPlane:
     return opened
 
 
-__all__ = ["DURABLE_POLICY", "FIXED_NOW", "FUZZ_POLICY", "Call", "PlaneState", "operations"]
+__all__ = ["DURABLE_POLICY", "FIXED_NOW", "FUZZ_MAX_TOKENS", "FUZZ_POLICY", "Call", "PlaneState", "operations"]

@@ -55,6 +55,9 @@ POSTGRES_EXAMPLES = 30
 #: The calls fuzzed on PostgreSQL too (one of each kind: enqueue, payload, lease, reads, policy, operator, opening).
 POSTGRES_CALLS = (
     "enqueue_with_payload",
+    "record_external_usage",
+    "correct_budget",
+    "budget_status",
     "persist_payload",
     "mark_suspect",
     "complete_live_turn",
