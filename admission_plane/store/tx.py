@@ -103,7 +103,7 @@ class Tx:
     marks the statements a batching driver could send with the next round trip).
     """
 
-    __slots__ = ("_cursor", "dialect", "rings", "shared")
+    __slots__ = ("_cursor", "deferred", "dialect", "rings", "shared")
 
     def __init__(self, dbapi_connection: DBAPIConnection, dialect: Dialect, *, shared: bool = False) -> None:
         self.dialect = dialect
@@ -113,6 +113,14 @@ class Tx:
         #: Whether this unit may run beside other lease units (PostgreSQL's shared gate; see
         #: :mod:`admission_plane.store.unit_of_work`): it must then lock what it relies on.
         self.shared = shared
+        #: PostgreSQL: constant statements sent with ``COMMIT`` in its round trip (:meth:`defer`).
+        self.deferred: list[str] = []
+
+    def defer(self, sql: str) -> None:
+        """PostgreSQL: run the constant, parameterless ``sql`` at commit, in the commit's round trip (an insert
+        nothing in the transaction reads back: the journal's). It runs before ``COMMIT``, inside the
+        transaction: if it fails, the transaction rolls back and the unit fails as if it had run at once."""
+        self.deferred.append(sql)
 
     def ring(self, bells: int) -> None:
         """Add ``bells`` (:class:`~admission_plane.store.doorbell.Bell` flags) once more to what

@@ -207,7 +207,8 @@ class UnitOfWork:
             if self._open:
                 # NOTIFY is delivered by the server only if, and when, the transaction commits.
                 rings = self.tx.rings
-                self.tx.command(f"SELECT pg_notify('{CHANNEL}', '{rings.payload()}'); COMMIT" if rings else "COMMIT")
+                ending = f"SELECT pg_notify('{CHANNEL}', '{rings.payload()}'); COMMIT" if rings else "COMMIT"
+                self.tx.command("; ".join((*self.tx.deferred, ending)))
             self._committed = True
             return
         self._connection.commit()

@@ -18,6 +18,21 @@ INSERT_EVENT = Statement(
         correlation_hmac=P("correlation_hmac"),
     )
 )
+
+
+def event_literal(kind: str, from_state: str, to_state: str, now: int, correlation_hmac: str) -> str:
+    """PostgreSQL: the insert of one event as constant SQL text, sent with the unit's ``COMMIT`` in the same
+    round trip (:meth:`admission_plane.store.tx.Tx.defer`). The caller has checked every value: the three
+    tokens are allowlisted constants, ``now`` an integer and the correlation a hex digest; quotes are
+    doubled all the same."""
+    values = ", ".join("'" + str(value).replace("'", "''") + "'" for value in (kind, from_state, to_state))
+    hmac_text = "'" + correlation_hmac.replace("'", "''") + "'"
+    return (
+        "INSERT INTO events (kind, from_state, to_state, occurred_at, correlation_hmac) "
+        f"VALUES ({values}, {int(now)}, {hmac_text})"
+    )
+
+
 SELECT_EVENTS = Query(
     select(Event.event_seq, Event.kind, Event.from_state, Event.to_state, Event.occurred_at, Event.correlation_hmac)
     .where(Event.event_seq > P("after"))
