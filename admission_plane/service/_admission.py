@@ -173,7 +173,8 @@ def look(ctx: PlaneContext, tx: Tx, request_id: str, now: int, plan_wait: bool =
     if key is KeyBlock.BUDGET:
         # The windows free by their own clock; a settled turn (a freed seat) may refund or lower its tokens.
         assert facts.book is not None
-        tokens = facts.book.blocked.get((entry.provider, entry.model), 0)
+        # The key's best request's tokens, or (a request budget spent) at least this request's own.
+        tokens = facts.book.blocked.get((entry.provider, entry.model), facts.book.estimate(request_id))
         return Wake(queue=1, seats=True, at=facts.book.free_at(entry.provider, entry.model, tokens))
     if session_full(limits, facts, entry.session_id) or facts.agent_seats[entry.agent_id]:
         # Picked once a seat of ours is freed, or once the requests ahead of ours have left.

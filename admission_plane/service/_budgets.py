@@ -34,7 +34,9 @@ The rules, in one place:
     dispatch intent, released by the operator before it): ``refunded``, nothing counts.
 
 * **Corrections only lower** what is left: a provider saying fewer remain than the plane
-  thinks adds a correction charge of the difference; saying more changes nothing.
+  thinks adds a correction charge of the difference; saying more changes nothing. A
+  correction counts only in windows of the length it corrects (the provider's figure for
+  five hours says nothing about the last minute), and leaves them as any charge does.
 
 Budgets read per admission: one usage row per window of each key the walk reaches with a
 budget (cached for the transaction), so the cost follows the charges in the window, which
@@ -153,7 +155,12 @@ class Book:
         cache_key = (provider, budget.model, budget.window_ms)
         found = self._usage.get(cache_key)
         if found is None:
-            params = {"provider": provider, "model": budget.model, "since": self.now - budget.window_ms}
+            params = {
+                "provider": provider,
+                "model": budget.model,
+                "since": self.now - budget.window_ms,
+                "window_ms": budget.window_ms,
+            }
             row = self.tx.one(PROVIDER_USAGE if budget.model is None else KEY_USAGE, params)
             assert row is not None  # an aggregate always returns its row
             found = self._usage[cache_key] = Use.of(row)
@@ -201,7 +208,12 @@ class Book:
 
 def _window_frees(tx: Tx, provider: str, budget: Budget, use: Use, tokens: int, now: int) -> int | None:
     """The first time the oldest charges leaving ``budget``'s window make room for one more request of ``tokens``."""
-    params = {"provider": provider, "model": budget.model, "since": now - budget.window_ms}
+    params = {
+        "provider": provider,
+        "model": budget.model,
+        "since": now - budget.window_ms,
+        "window_ms": budget.window_ms,
+    }
     requests, spent = use.requests, use.tokens
     for charge in tx.all(PROVIDER_CHARGES if budget.model is None else KEY_CHARGES, params):
         requests -= charge.requests
@@ -245,6 +257,7 @@ def reserve(ctx: PlaneContext, book: Book, request_id: str, provider: str, model
         "reserved_tokens": book.estimate(request_id),
         "used_tokens": None,
         "state": ChargeState.RESERVED,
+        "window_ms": None,
     }
     tx.send(INSERT_CHARGE, params)
     _journal.record(ctx, tx, EventKind.BUDGET_RESERVED, request_id, ChargeState.UNCHARGED, ChargeState.RESERVED, now)
@@ -299,7 +312,7 @@ def record_external_usage(
     if requests == 0 and tokens == 0:
         raise InvalidInputError("external usage must count at least one request or token")
     v.timestamp(now, "external usage timestamp")
-    ctx.run(lambda tx: _charge(ctx, tx, provider, model, requests, tokens, ChargeState.EXTERNAL, now))
+    ctx.run(lambda tx: _charge(ctx, tx, provider, model, requests, tokens, ChargeState.EXTERNAL, now, None))
 
 
 def correct(
@@ -341,7 +354,8 @@ def correct(
             extra_tokens = _excess(budget.max_tokens, use.tokens, remaining.tokens)
             if extra_requests or extra_tokens:
                 scope = "" if budget.model is None else model
-                _charge(ctx, tx, provider, scope, extra_requests, extra_tokens, ChargeState.CORRECTION, now)
+                state = ChargeState.CORRECTION
+                _charge(ctx, tx, provider, scope, extra_requests, extra_tokens, state, now, budget.window_ms)
             corrected.append(budget)
         book = Book(tx, now, policy)
         return tuple(window_of(book, provider, budget) for budget in corrected)
@@ -365,7 +379,9 @@ def _charge(
     tokens: int,
     state: ChargeState,
     now: int,
+    window_ms: int | None,
 ) -> None:
+    """Insert a charge from outside the plane (``window_ms``: the only window length it counts in) and journal it."""
     params = {
         "charge_id": f"usage-{uuid.uuid4().hex}",
         "provider": provider,
@@ -375,6 +391,7 @@ def _charge(
         "reserved_tokens": 0,
         "used_tokens": tokens,
         "state": state,
+        "window_ms": window_ms,
     }
     tx.execute(INSERT_CHARGE, params)
     kind = EventKind.BUDGET_USAGE_RECORDED if state is ChargeState.EXTERNAL else EventKind.BUDGET_CORRECTED

@@ -295,17 +295,39 @@ def _best_in_lane(tx: Tx, lane: str, keys: list[KeyHeadRow], limits: Limits, fac
         return best
     # Every eligible request belongs to an agent holding seats: fewest seats first.
     for seats in sorted(set(facts.agent_seats.values())):
-        for agent in sorted(agent for agent, held in facts.agent_seats.items() if held == seats):
+        agents = sorted(agent for agent, held in facts.agent_seats.items() if held == seats)
+        if facts.book is not None:
+            # Budgets: each key's best among these agents first; one that does not fit blocks its key only.
+            for offer in sorted(_key_bests(tx, lane, open_keys, agents, limits, facts), key=lambda o: o.head):
+                if _fits(facts, offer):
+                    return offer
+            continue
+        for agent in agents:
             for key in open_keys:
-                if facts.book is not None and (key.provider, key.model) in facts.book.blocked:
-                    continue
                 group = {"lane": lane, "provider": key.provider, "model": key.model, "agent_id": agent}
                 offer = _first_open_session(tx, group, limits, facts, best)
-                if offer is not None and _fits(facts, offer):
+                if offer is not None:
                     best = offer
         if best is not None:
             return best
     return None
+
+
+def _key_bests(
+    tx: Tx, lane: str, keys: list[KeyHeadRow], agents: list[str], limits: Limits, facts: Facts
+) -> list[Offer]:
+    """The best request of each key (not blocked) among ``agents``' open sessions."""
+    bests: dict[Key, Offer] = {}
+    for agent in agents:
+        for key in keys:
+            found = (key.provider, key.model)
+            if facts.book is not None and found in facts.book.blocked:
+                continue
+            group = {"lane": lane, "provider": key.provider, "model": key.model, "agent_id": agent}
+            offer = _first_open_session(tx, group, limits, facts, bests.get(found))
+            if offer is not None:
+                bests[found] = offer
+    return list(bests.values())
 
 
 def _fits(facts: Facts, offer: Offer) -> bool:

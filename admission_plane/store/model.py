@@ -421,6 +421,8 @@ class BudgetCharge(Base):
     reserved_tokens: Mapped[int] = mapped_column(Int64, nullable=False)
     used_tokens: Mapped[int | None] = mapped_column(Int64)
     state: Mapped[str] = mapped_column(Text, nullable=False)
+    #: A correction counts only in the windows of this length (the one it corrects); NULL: in every window.
+    window_ms: Mapped[int | None] = mapped_column(Int64)
 
 
 class TurnEstimate(Base):

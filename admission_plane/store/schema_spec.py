@@ -398,6 +398,7 @@ EXTENSIONS: tuple[Extension, ...] = (
                 "reserved_tokens INTEGER NN",
                 "used_tokens INTEGER",
                 "state TEXT NN",
+                "window_ms INTEGER",
             ),
             "turn_estimates": _columns("request_id TEXT PK NN", "tokens INTEGER NN"),
         },

@@ -6,8 +6,8 @@ Create Date: 2026-12-03
 
 * ``budget_charges``: one row per admitted turn under a budget (its request and its
   estimated, then used, tokens), per usage recorded outside the plane and per correction
-  from the provider's remaining-budget headers; indexed by key and time for the sliding
-  windows.
+  from the provider's remaining-budget headers (``window_ms``: the window a correction
+  counts in); indexed by key and time for the sliding windows.
 * ``turn_estimates``: a request's estimated token cost, given at enqueue.
 
 Nothing existing changes, so the downgrade only drops the two tables.
@@ -27,7 +27,7 @@ depends_on: str | None = None
 _TABLES = (
     "CREATE TABLE budget_charges (charge_id TEXT NOT NULL PRIMARY KEY, provider TEXT NOT NULL, "
     "model TEXT NOT NULL, charged_at {int} NOT NULL, requests {int} NOT NULL, reserved_tokens {int} NOT NULL, "
-    "used_tokens {int}, state TEXT NOT NULL)",
+    "used_tokens {int}, state TEXT NOT NULL, window_ms {int})",
     "CREATE TABLE turn_estimates (request_id TEXT NOT NULL PRIMARY KEY, tokens {int} NOT NULL)",
 )
 _INDEXES = (

@@ -26,8 +26,11 @@ INSERT_CHARGE = Statement(
         reserved_tokens=P("reserved_tokens"),
         used_tokens=P("used_tokens"),
         state=P("state"),
+        window_ms=P("window_ms"),
     )
 )
+#: A charge counts in a window unless it is a correction of a window of another length.
+_in_window = BC.window_ms.is_(None) | (BC.window_ms == P("window_ms"))
 _reserved = BC.state == lit(ChargeState.RESERVED)
 #: Settle a turn's reservation to what it used (``used_tokens``), or to its estimate when it reported nothing.
 SETTLE_CHARGE = Statement(
@@ -48,7 +51,7 @@ _tokens = func.coalesce(BC.used_tokens, BC.reserved_tokens)
 
 
 def _usage(model_level: bool) -> AnySelect:
-    scope = [BC.provider == P("provider"), BC.charged_at > P("since")]
+    scope = [BC.provider == P("provider"), BC.charged_at > P("since"), _in_window]
     if model_level:
         scope.append(BC.model == P("model"))
     return select(
@@ -70,7 +73,7 @@ PROVIDER_USAGE = Query(_usage(model_level=False), BudgetUsageRow)
 
 
 def _charges(model_level: bool) -> AnySelect:
-    scope = [BC.provider == P("provider"), BC.charged_at > P("since")]
+    scope = [BC.provider == P("provider"), BC.charged_at > P("since"), _in_window]
     if model_level:
         scope.append(BC.model == P("model"))
     return (

@@ -27,7 +27,17 @@ BUDGET_INDEXES = {
     "budget_charges_key": ["provider", "model", "charged_at"],
     "budget_charges_provider": ["provider", "charged_at"],
 }
-CHARGE_COLUMNS = ["charge_id", "provider", "model", "charged_at", "requests", "reserved_tokens", "used_tokens", "state"]
+CHARGE_COLUMNS = [
+    "charge_id",
+    "provider",
+    "model",
+    "charged_at",
+    "requests",
+    "reserved_tokens",
+    "used_tokens",
+    "state",
+    "window_ms",
+]
 POLICY = Policy(
     2,
     2,
