@@ -38,6 +38,11 @@ _NOT_A_REQUEST = frozenset(
         EventKind.POLICY_REVISED,
         EventKind.ADMISSION_PAUSED,
         EventKind.ADMISSION_RESUMED,
+        # Budget events follow a request's lifecycle beside it but change no request state.
+        EventKind.BUDGET_RESERVED,
+        EventKind.BUDGET_SETTLED,
+        EventKind.BUDGET_USAGE_RECORDED,
+        EventKind.BUDGET_CORRECTED,
     }
 )
 
