@@ -51,7 +51,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 from .. import _validate as v
-from ..errors import BudgetError, InvalidInputError
+from ..errors import BudgetError, InvalidInputError, SchemaIntegrityError
 from ..policy import Budget, Policy
 from ..signals import Remaining, remaining_from_headers
 from ..states import BUDGET_EVENT_ID, OUTSIDE_PLANE, ChargeState, EventKind, RequestState
@@ -70,7 +70,7 @@ from ..store.statements.budgets import (
     SETTLE_CHARGE,
 )
 from ..store.tx import Tx
-from ..values import MAX_TOKENS, BudgetWindow, Usage, estimated_tokens
+from ..values import MAX_TOKENS, BudgetWindow, Usage
 from . import _journal, _policy
 from ._context import PlaneContext
 
@@ -98,7 +98,7 @@ def stored_estimate(tx: Tx, request_id: str) -> int | None:
     """The estimate a request was enqueued with (``None``: none), checked."""
     tokens = tx.scalar(SELECT_ESTIMATE, {"request_id": request_id})
     if tokens is not None and (not v.is_safe_integer(tokens) or not 0 <= tokens <= MAX_TOKENS):
-        raise InvalidInputError("a stored token estimate is invalid")
+        raise SchemaIntegrityError("a stored token estimate is invalid")
     return tokens
 
 
@@ -121,7 +121,7 @@ class Use:
         """From a usage row (every sum a non-negative integer)."""
         values = (row.requests, row.reserved_tokens, row.used_tokens)
         if not all(v.is_safe_integer(value) and value >= 0 for value in values):
-            raise InvalidInputError("a stored budget charge is invalid")
+            raise SchemaIntegrityError("a stored budget charge is invalid")
         return cls(*values, row.oldest)
 
 
@@ -440,7 +440,6 @@ __all__: Sequence[str] = [
     "Book",
     "check_estimate",
     "correct",
-    "estimated_tokens",
     "record_external_usage",
     "reserve",
     "settle",

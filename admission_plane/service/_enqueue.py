@@ -36,6 +36,7 @@ from ..store.statements.requests import (
 from ..store.tx import Tx
 from ..store.unit_of_work import Gate
 from ..values import EnqueueResult
+from ..values import estimated_tokens as check_estimated_tokens
 from . import _budgets, _journal, _policy
 from ._context import PlaneContext
 from ._transitions import QueuedRequest, change
@@ -88,7 +89,7 @@ def metadata(
     v.identifier(request_id, "event correlation input")
     if lane is not None:
         v.identifier(lane, "request lane")
-    tokens = _budgets.estimated_tokens(estimated_tokens)
+    tokens = check_estimated_tokens(estimated_tokens)
     return Metadata(request_id, session_id, agent_id, fingerprint, provider, model, lane, tokens)
 
 
