@@ -23,7 +23,8 @@ from ..store.failures import connect, is_corruption, sqlite_integrity_problems, 
 from ..store.schema_check import check_schema
 from ..store.schema_spec import foreign_tables
 from ..store.statements.queue import INDEX_CHECKS
-from ..store.status import read_status
+from ..store.status import PlaneStatus, read_status
+from ..values import BudgetWindow
 from ._common import (
     EXIT_FOUND_PROBLEM,
     EXIT_OK,
@@ -39,6 +40,7 @@ from ._common import (
     open_plane,
     print_event,
     shown,
+    span,
 )
 
 
@@ -174,10 +176,12 @@ def cmd_keys_init(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """Print queue, seats, leases, cooldowns and drain state."""
+    """Print queue, seats, leases, cooldowns, drain state, the live policy's lanes, keys and pauses,
+    and its budget windows."""
     plane = open_plane(args)
     try:
-        status = read_status(plane.engine, now_ms())
+        now = now_ms()
+        status = attrs.evolve(read_status(plane.engine, now), budgets=plane.budget_status(now))
     finally:
         plane.close()
     if args.json:
@@ -238,9 +242,46 @@ def cmd_status(args: argparse.Namespace) -> int:
             )
             or "nothing"
         ),
+        *_budget_lines(status),
     ]
     print("\n".join(lines), flush=True)
     return EXIT_OK
+
+
+def _budget_lines(status: PlaneStatus) -> list[str]:
+    """One line per budget window of the policy in force (the first one headed ``budgets``)."""
+    if not status.budgets:
+        return [
+            "budgets          "
+            + (
+                "none in the live policy"
+                if status.policy_revision
+                else "none known (no live policy revision: each connector applies its own policy's budgets)"
+            )
+        ]
+    return [
+        ("budgets          " if index == 0 else " " * 17) + budget_window_text(window, status.now)
+        for index, window in enumerate(status.budgets)
+    ]
+
+
+def budget_window_text(window: BudgetWindow, now: int) -> str:
+    """A budget window for people: its key and span, requests and tokens against the limits, the next reset."""
+    key = f"{window.provider}/{window.model}" if window.model is not None else f"{window.provider} (all models)"
+    requests = f"requests {window.requests}" + (
+        " (no limit)"
+        if window.max_requests is None
+        else f" of {window.max_requests} ({window.remaining_requests} left)"
+    )
+    tokens = f"tokens {window.reserved_tokens} reserved + {window.used_tokens} used" + (
+        " (no limit)" if window.max_tokens is None else f" of {window.max_tokens} ({window.remaining_tokens} left)"
+    )
+    reset = (
+        "nothing counted"
+        if window.next_reset_at is None
+        else f"next reset in {span(max(0, window.next_reset_at - now))}"
+    )
+    return f"{key} per {span(window.window_ms)}: {requests}; {tokens}; {reset}"
 
 
 def cmd_events(args: argparse.Namespace) -> int:

@@ -131,6 +131,19 @@ def duration(ms: int | None) -> str:
     return f"{ms} ms" if ms < 10_000 else f"{ms / 1000:.1f} s"
 
 
+def span(ms: int) -> str:
+    """A length of time for people: in whole hours or minutes when it is one (a budget window), else in
+    the largest unit that keeps it short (a time to a reset)."""
+    for unit, size in (("h", 3_600_000), ("min", 60_000)):
+        if ms >= size and ms % size == 0:
+            return f"{ms // size} {unit}"
+    if ms < 10_000:
+        return f"{ms} ms"
+    if ms < 120_000:
+        return f"{ms / 1_000:.1f} s"
+    return f"{ms / 60_000:.1f} min" if ms < 7_200_000 else f"{ms / 3_600_000:.1f} h"
+
+
 def first_line(error: BaseException) -> str:
     """The first line of an error's message (a driver's own message when SQLAlchemy wraps it)."""
     orig = getattr(error, "orig", None)

@@ -163,9 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     status = commands.add_parser(
         "status",
         parents=[common, sharing],
-        help="queue, seats, leases, cooldowns, drain",
+        help="queue, seats, leases, cooldowns, drain, lanes, keys, pauses, budgets",
         description="Queue depth, oldest wait, seats in use against the policy, "
-        "leases by phase with suspects, active cooldowns, drain state.",
+        "leases by phase with suspects, active cooldowns, drain state, the live policy's lanes, keys and "
+        "pauses, and each budget window: requests and tokens against its limits, what is left, the next reset.",
     )
     status.set_defaults(handler=cmd_status)
 

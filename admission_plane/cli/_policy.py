@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import InvalidInputError
 from ..policy import Policy
 from ..values import Pause, PolicyRevision
-from ._common import EXIT_OK, CommandFailed, emit, iso, now_ms, open_plane
+from ._common import EXIT_OK, CommandFailed, emit, iso, now_ms, open_plane, span
 
 #: The largest policy document ``policy set`` reads (a policy is a few kilobytes at most).
 MAX_POLICY_BYTES = 1 << 20
@@ -163,7 +163,7 @@ def _revision_line(revision: PolicyRevision) -> str:
     return (
         f"{revision.revision:>5}  {iso(revision.created_at)}  seats {policy.max_active_turns}  "
         f"starts {policy.max_concurrent_starts}  lanes {lanes}  key limits {len(policy.key_limits)}  "
-        f"per session {policy.max_turns_per_session or '-'}"
+        f"per session {policy.max_turns_per_session or '-'}  budgets {len(policy.budgets)}"
     )
 
 
@@ -195,4 +195,12 @@ def _policy_text(policy: Policy) -> str:
         if limit.max_concurrent_starts is not None:
             parts.append(f"{limit.max_concurrent_starts} starting")
         lines.append(f"key limit               {key}: {', '.join(parts)}")
+    for budget in policy.budgets:
+        key = f"{budget.provider} (all models)" if budget.model is None else f"{budget.provider}/{budget.model}"
+        parts = []
+        if budget.max_requests is not None:
+            parts.append(f"{budget.max_requests} requests")
+        if budget.max_tokens is not None:
+            parts.append(f"{budget.max_tokens} tokens")
+        lines.append(f"budget                  {key}: {', '.join(parts)} per {span(budget.window_ms)}")
     return "\n".join(lines)

@@ -75,6 +75,8 @@ from . import _journal, _policy
 from ._context import PlaneContext
 
 Key = tuple[str, str]
+#: The window the providers' remaining-budget headers describe (OpenAI's and Anthropic's: a minute).
+HEADER_WINDOW_MS = 60_000
 #: Prune settled charges once every this many reservations of a process (they only cost space).
 PRUNE_EVERY = 256
 
@@ -321,17 +323,18 @@ def correct(
     model: str,
     remaining: Remaining | Mapping[str, str],
     now: int,
-    window_ms: int | None,
+    window_ms: int,
 ) -> tuple[BudgetWindow, ...]:
     """Lower the key's budget windows to what the provider says remains (never raise them); the windows after.
 
-    ``window_ms`` names the windows the provider's figures are for; ``None``: the shortest
-    window of the key's budgets (the per-minute one, as the providers' headers mean).
+    ``window_ms`` names the windows the provider's figures are for (the caller's default,
+    :data:`HEADER_WINDOW_MS`, is the minute the providers' remaining-budget headers describe);
+    a key without a window of that length is left as it is.
     """
     v.request_field("provider", provider)
     v.request_field("model", model)
-    if window_ms is not None and (not v.is_safe_integer(window_ms) or window_ms < 1):
-        raise InvalidInputError("window_ms must be a positive integer or None")
+    if not v.is_safe_integer(window_ms) or window_ms < 1:
+        raise InvalidInputError("window_ms must be a positive integer")
     v.timestamp(now, "budget correction timestamp")
     if not isinstance(remaining, Remaining):
         if not isinstance(remaining, Mapping):
@@ -343,11 +346,9 @@ def correct(
 
     def work(tx: Tx) -> tuple[BudgetWindow, ...]:
         policy = _policy.effective(ctx, tx).policy
-        budgets = policy.budgets_for(provider, model)
-        window = window_ms if window_ms is not None else min((b.window_ms for b in budgets), default=None)
         corrected = []
-        for budget in budgets:
-            if budget.window_ms != window:
+        for budget in policy.budgets_for(provider, model):
+            if budget.window_ms != window_ms:
                 continue
             use = Book(tx, now, policy).use(provider, budget)  # read afresh: an earlier correction counts
             extra_requests = _excess(budget.max_requests, use.requests, remaining.requests)

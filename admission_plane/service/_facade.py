@@ -374,7 +374,7 @@ class AdmissionService(RecoveryOperations):
         model: str,
         remaining: Remaining | Mapping[str, str],
         *,
-        window_ms: int | None = None,
+        window_ms: int = _budgets.HEADER_WINDOW_MS,
         now: int | None = None,
     ) -> tuple[BudgetWindow, ...]:
         """Correct the key's budget windows downward to what the provider says remains; never upward.
@@ -382,7 +382,8 @@ class AdmissionService(RecoveryOperations):
         ``remaining`` is a :class:`~admission_plane.signals.Remaining` or a response's headers
         (``x-ratelimit-remaining-*``, ``anthropic-ratelimit-*-remaining``; headers without
         such a figure change nothing). ``window_ms`` names the windows the figures are for
-        (default: the shortest window of the key's budgets). Returns those windows afterwards.
+        (default: a minute, the window of OpenAI's and Anthropic's remaining-budget headers; a key
+        without a window of that length is left as it is). Returns those windows afterwards.
         """
         return _budgets.correct(self._ctx, provider, model, remaining, self._now(now), window_ms)
 

@@ -3,12 +3,17 @@
 One deferred (read-only) transaction, so the numbers are consistent with each other.
 It reads states, counts, times and the cooldowns' provider/model names; never an agent,
 session, request id or payload.
+
+Budget windows are not read here: their rules (what counts in a sliding window, how a
+reservation settles) live in the service, above the store. The caller adds them from
+:meth:`AdmissionPlane.budget_status <admission_plane.AdmissionPlane.budget_status>`
+(``admission-plane status`` does), in a read of its own at the same ``now``.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 from sqlalchemy import Engine, case, func, select
@@ -26,6 +31,9 @@ from .model import (
     TurnPayload,
     TurnRequest,
 )
+
+if TYPE_CHECKING:  # the values layer sits above the store; the windows are built there
+    from ..values import BudgetWindow
 
 __all__ = ["PlaneStatus", "read_status"]
 
@@ -58,6 +66,8 @@ class PlaneStatus:
     sessions_at_limit: int | None = None
     #: Paused scopes: ``(lane, provider, model, since)``, ``''`` where the scope names no part.
     pauses: tuple[tuple[str, str, str, int], ...] = ()
+    #: Every window of every budget of the policy in force (added by the caller; see the module).
+    budgets: tuple[BudgetWindow, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         """A JSON-ready mapping (cooldowns as objects with ``remaining_ms``)."""
@@ -87,6 +97,13 @@ class PlaneStatus:
              "model": model or None, "since": since}
             for lane, provider, model, since in self.pauses
         ]  # fmt: skip
+        data["budgets"] = [
+            {
+                **window.to_json(),
+                "next_reset_in_ms": None if window.next_reset_at is None else max(0, window.next_reset_at - self.now),
+            }
+            for window in self.budgets
+        ]
         return data
 
 

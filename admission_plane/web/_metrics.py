@@ -4,7 +4,8 @@ Names follow the Prometheus conventions: one ``admission_plane_`` prefix, base u
 (seconds), ``_total`` on counters, ``_seconds`` on durations, and labels that name a lane,
 a provider, a model, a state or a kind, never a request, session, agent or host. Each
 scrape builds its own registry from a fresh reading, so every value is the database's at
-scrape time. Budgets are not exported: the plane has none yet.
+scrape time. Budget windows are labelled by provider, model (``""`` for a provider-wide
+budget, as a pause's labels leave out what its scope does not name) and ``window_ms``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class _ReadingCollector(Collector):
         yield from self._requests_and_leases(r)
         yield from self._limits(r)
         yield from self._cooldowns_and_pauses(r)
+        yield from self._budgets(r)
         yield from self._journal(r)
         scrape = _gauge("scrape_duration_seconds", "How long this scrape took to read the database.")
         scrape.add_metric([], self._scrape_seconds)
@@ -179,6 +181,41 @@ class _ReadingCollector(Collector):
         for pause in r.pauses:
             paused.add_metric([pause.scope, pause.lane or "", pause.provider or "", pause.model or ""], 1)
         yield from (cooldowns, paused)
+
+    def _budgets(self, r: Reading) -> Iterator[Metric]:
+        labels = ["provider", "model", "window_ms"]
+        requests = _gauge(
+            "budget_requests", "Requests counted in a budget window (admitted, external, corrections).", labels
+        )
+        requests_limit = _gauge("budget_requests_limit", "A budget window's max_requests.", labels)
+        requests_left = _gauge("budget_requests_left", "Requests a budget window has left (max_requests set).", labels)
+        tokens = _gauge(
+            "budget_tokens",
+            "Tokens counted in a budget window: reserved (estimates of unsettled or retained turns) and used.",
+            [*labels, "kind"],
+        )
+        tokens_limit = _gauge("budget_tokens_limit", "A budget window's max_tokens.", labels)
+        tokens_left = _gauge("budget_tokens_left", "Tokens a budget window has left (max_tokens set).", labels)
+        reset = _gauge(
+            "budget_next_reset_seconds",
+            "Time until the oldest charge leaves a budget window (0 when nothing counts).",
+            labels,
+        )
+        for window in r.budgets:
+            key = [window.provider, window.model or "", str(window.window_ms)]
+            requests.add_metric(key, window.requests)
+            tokens.add_metric([*key, "reserved"], window.reserved_tokens)
+            tokens.add_metric([*key, "used"], window.used_tokens)
+            if window.max_requests is not None:
+                requests_limit.add_metric(key, window.max_requests)
+            if window.remaining_requests is not None:
+                requests_left.add_metric(key, window.remaining_requests)
+            if window.max_tokens is not None:
+                tokens_limit.add_metric(key, window.max_tokens)
+            if window.remaining_tokens is not None:
+                tokens_left.add_metric(key, window.remaining_tokens)
+            reset.add_metric(key, 0.0 if window.next_reset_at is None else _seconds(window.next_reset_at - r.now))
+        yield from (requests, requests_limit, requests_left, tokens, tokens_limit, tokens_left, reset)
 
     def _journal(self, r: Reading) -> Iterator[Metric]:
         figures = r.journal

@@ -2,10 +2,11 @@
 
 The tables are read in one read-only transaction (the queue through its index, requests
 only in the states that are not history, seat-holding leases, which the policy bounds),
-together with the journal's new events; the live policy and the pauses come from the
-plane's own reads. Nothing here writes. A reading names no request, session or agent:
-a lease appears only under an opaque handle (an HMAC of its id under a key that lives
-and dies with this server), which only this server can turn back into the lease.
+together with the journal's new events; the live policy, the pauses and the budget
+windows come from the plane's own reads. Nothing here writes. A reading names no request,
+session or agent: a lease appears only under an opaque handle (an HMAC of its id under a
+key that lives and dies with this server), which only this server can turn back into the
+lease.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from ..store.statements.metrics import (
     SEAT_LEASES,
     SEATS_BY_KEY,
 )
-from ..values import Pause
+from ..values import BudgetWindow, Pause
 from ._journal import JournalFigures, JournalFollower
 
 #: The most seat-holding leases a reading lists one by one (the counts are always whole).
@@ -100,6 +101,8 @@ class Reading:
     policy_revision: int | None
     pauses: tuple[Pause, ...]
     journal: JournalFigures
+    #: Every window of every budget of the policy in force (:meth:`AdmissionPlane.budget_status`).
+    budgets: tuple[BudgetWindow, ...] = ()
 
     @property
     def queue_depth(self) -> int:
@@ -190,6 +193,7 @@ class Reader:
             policy_revision=revision,
             pauses=self._pauses(),
             journal=journal,
+            budgets=self._budgets(now),
         )
 
     def _view(self, row: Any) -> LeaseView:
@@ -221,6 +225,13 @@ class Reader:
         except (AdmissionError, AttributeError):
             return None, None
         return current.policy, int(current.revision)
+
+    def _budgets(self, now: int) -> tuple[BudgetWindow, ...]:
+        """The budget windows (none when the policy in force cannot be read, as for :meth:`_policy`)."""
+        try:
+            return tuple(self._plane.budget_status(now))
+        except (AdmissionError, AttributeError):
+            return ()
 
     def _pauses(self) -> tuple[Pause, ...]:
         try:

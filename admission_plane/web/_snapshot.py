@@ -1,8 +1,9 @@
 """The dashboard's view of a reading, as JSON, and the hub that shares one reading per tick with every page.
 
 The view holds what ``admission-plane status`` shows (counts, states, times, lane and
-provider/model names) plus the journal's kinds and states; never a prompt, and never a
-request, session, agent or host identifier (a lease is an opaque per-server handle).
+provider/model names, budget windows) plus the journal's kinds and states; never a prompt,
+and never a request, session, agent or host identifier (a lease is an opaque per-server
+handle).
 """
 
 from __future__ import annotations
@@ -77,6 +78,22 @@ def view(reading: Reading) -> dict[str, Any]:
         "pauses": [
             {"scope": p.scope, "lane": p.lane, "provider": p.provider, "model": p.model, "since": p.since}
             for p in reading.pauses
+        ],
+        "budgets": [
+            {
+                "provider": w.provider,
+                "model": w.model,
+                "window_ms": w.window_ms,
+                "requests": w.requests,
+                "max_requests": w.max_requests,
+                "remaining_requests": w.remaining_requests,
+                "reserved_tokens": w.reserved_tokens,
+                "used_tokens": w.used_tokens,
+                "max_tokens": w.max_tokens,
+                "remaining_tokens": w.remaining_tokens,
+                "next_reset_ms": None if w.next_reset_at is None else max(0, w.next_reset_at - now),
+            }
+            for w in reading.budgets
         ],
         "policy": None
         if policy is None

@@ -475,12 +475,12 @@ def _remaining() -> Arg:
 
 def _correction_args() -> dict[str, Arg]:
     """``correct_budget`` for the planted key (its windows: the provider's minute, the model's hour)."""
-    window_wrong = st.one_of(NOT_AN_INT.filter(lambda value: value is not None), OUT_OF_RANGE, st.just(0), NOT_NONE)
+    window_wrong = st.one_of(NOT_AN_INT, OUT_OF_RANGE, st.just(0), NOT_NONE)
     return {
         "provider": identifier(st.just("antigravity")),
         "model": identifier(st.just("model-test")),
         "remaining": _remaining(),
-        "window_ms": Arg(st.sampled_from([None, 60_000, 3_600_000]), wrong=window_wrong, odd=st.integers(1, MAX_SAFE)),
+        "window_ms": Arg(st.sampled_from([60_000, 3_600_000]), wrong=window_wrong, odd=st.integers(1, MAX_SAFE)),
         "now": _optional_now(),
     }
 

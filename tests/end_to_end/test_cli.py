@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from admission_plane import AdmissionPlane, ConnectorIdentity, DispatchRecord, Policy
+from admission_plane import AdmissionPlane, Budget, ConnectorIdentity, DispatchRecord, Policy
 from admission_plane.evidence import capture
 from admission_plane.keys import CONTENT_KEY_VARIABLE, ENCRYPTION_KEY_VARIABLE
 from admission_plane.service import wall_clock_ms
@@ -21,6 +21,18 @@ from admission_plane.service import wall_clock_ms
 ENCRYPTION_HEX = "11" * 32
 CONTENT_HEX = "22" * 32
 POLICY = Policy(3, 3, 0, 600_000, 30_000)
+#: A live revision with a per-minute budget of one model and a five-hour token budget of its provider.
+BUDGETED = Policy(
+    3,
+    3,
+    2_000,
+    600_000,
+    30_000,
+    budgets=(
+        Budget("p", "m", window_ms=60_000, max_requests=60, max_tokens=150_000),
+        Budget("p", window_ms=5 * 3_600_000, max_tokens=2_000_000),
+    ),
+)
 CLI = [sys.executable, "-m", "admission_plane"]
 
 
@@ -81,8 +93,10 @@ def plane(migrated: str) -> Iterator[AdmissionPlane]:
         yield opened
 
 
-def enqueue(plane: AdmissionPlane, request_id: str, now: int, model: str = "m") -> None:
-    """Queue ``request_id`` with a payload."""
+def enqueue(
+    plane: AdmissionPlane, request_id: str, now: int, model: str = "m", estimated_tokens: int | None = None
+) -> None:
+    """Queue ``request_id`` with a payload (and, if given, its token estimate)."""
     plane.enqueue_with_payload(
         request_id=request_id,
         session_id="s",
@@ -93,6 +107,7 @@ def enqueue(plane: AdmissionPlane, request_id: str, now: int, model: str = "m") 
         now=now,
         plaintext="secret prompt",
         expires_at=now + 700_000,
+        estimated_tokens=estimated_tokens,
     )
 
 
@@ -186,7 +201,19 @@ def test_db_and_status_commands_work_on_postgresql(
     env = keyed(environment)
     assert cli(workdir, env, "db", "upgrade", "--db", postgres_url).returncode == 0
     assert cli(workdir, env, "db", "check", "--db", postgres_url).returncode == 0
-    assert json.loads(cli(workdir, env, "status", "--db", postgres_url, "--json").stdout)["queue_depth"] == 0
+    status = json.loads(cli(workdir, env, "status", "--db", postgres_url, "--json").stdout)
+    assert status["queue_depth"] == 0
+    assert status["budgets"] == []
+    with AdmissionPlane(
+        postgres_url,
+        policy=POLICY,
+        encryption_key=bytes.fromhex(ENCRYPTION_HEX),
+        content_fingerprint_key=bytes.fromhex(CONTENT_HEX),
+    ) as plane:
+        plane.set_policy(BUDGETED)
+        plane.record_external_usage("p", "m", requests=2, tokens=700)
+    status = json.loads(cli(workdir, env, "status", "--db", postgres_url, "--json").stdout)
+    assert [(w["model"], w["requests"], w["used_tokens"]) for w in status["budgets"]] == [("m", 2, 700), (None, 2, 700)]
     assert cli(workdir, env, "reap", "--db", postgres_url).returncode == 0
     assert "password" not in cli(workdir, env, "db", "current", "--db", postgres_url).stdout
 
@@ -216,6 +243,84 @@ def test_status_reports_queue_seats_leases_and_cooldowns(
     assert "seats in use     1 of 8" in text
     assert "r-1" not in text + result.stdout
     assert "agent-r-1" not in text + result.stdout
+
+
+def test_status_reports_each_budget_window_of_the_live_policy(
+    plane: AdmissionPlane, migrated: str, workdir: Path, environment: dict[str, str]
+) -> None:
+    """``status`` shows every budget window of the live policy, in text and JSON: its key (a model, or all models
+    of the provider), window, requests and tokens (reserved, used) against the limits, what is left and the next
+    reset; ``policy show`` lists the budgets. Neither names a request, session or agent."""
+    plane.set_policy(BUDGETED)
+    now = wall_clock_ms()
+    enqueue(plane, "r-budget", now - 2_000, estimated_tokens=2_000)
+    assert plane.admit_next(now - 1_000, plane.owner_identity.owner_instance_id) is not None
+    plane.record_external_usage("p", "other-model", requests=1, tokens=1_200, now=now - 500)  # the provider's only
+    result = cli(workdir, environment, "status", "--db", migrated, "--json")
+    assert result.returncode == 0, result.stderr
+    model_window, provider_window = json.loads(result.stdout)["budgets"]
+    reset_in = model_window.pop("next_reset_in_ms")
+    assert 0 < reset_in <= 59_000
+    assert model_window == {
+        "provider": "p",
+        "model": "m",
+        "window_ms": 60_000,
+        "max_requests": 60,
+        "max_tokens": 150_000,
+        "requests": 1,
+        "reserved_tokens": 2_000,
+        "used_tokens": 0,
+        "remaining_requests": 59,
+        "remaining_tokens": 148_000,
+        "next_reset_at": now - 1_000 + 60_000,
+    }
+    assert provider_window["next_reset_in_ms"] > 5 * 3_600_000 - 60_000
+    del provider_window["next_reset_in_ms"]
+    assert provider_window == {
+        "provider": "p",
+        "model": None,
+        "window_ms": 18_000_000,
+        "max_requests": None,
+        "max_tokens": 2_000_000,
+        "requests": 2,
+        "reserved_tokens": 2_000,
+        "used_tokens": 1_200,
+        "remaining_requests": None,
+        "remaining_tokens": 1_996_800,
+        "next_reset_at": now - 1_000 + 18_000_000,
+    }
+    text = cli(workdir, environment, "status", "--db", migrated).stdout
+    lines = text.splitlines()
+    first = lines.index(next(line for line in lines if line.startswith("budgets ")))
+    assert lines[first].startswith(
+        "budgets          p/m per 1 min: requests 1 of 60 (59 left); "
+        "tokens 2000 reserved + 0 used of 150000 (148000 left); next reset in "
+    )
+    assert lines[first + 1] == (
+        " " * 17 + "p (all models) per 5 h: requests 2 (no limit); "
+        "tokens 2000 reserved + 1200 used of 2000000 (1996800 left); next reset in 5.0 h"
+    )
+    shown = cli(workdir, environment, "policy", "show", "--db", migrated).stdout
+    assert "budget                  p/m: 60 requests, 150000 tokens per 1 min" in shown
+    assert "budget                  p (all models): 2000000 tokens per 5 h" in shown
+    for output in (text, result.stdout, shown):
+        assert "r-budget" not in output
+        assert "agent-r-budget" not in output
+
+
+def test_status_says_when_it_cannot_know_the_budgets(
+    plane: AdmissionPlane, migrated: str, workdir: Path, environment: dict[str, str]
+) -> None:
+    """Without a live revision the budgets are each connector's own: ``status`` says none are known (JSON: an
+    empty list); with a revision that sets none, it says the live policy has none."""
+    plane.record_external_usage("p", "m", requests=1, tokens=10)
+    assert (
+        "budgets          none known (no live policy revision"
+        in cli(workdir, environment, "status", "--db", migrated).stdout
+    )
+    assert json.loads(cli(workdir, environment, "status", "--db", migrated, "--json").stdout)["budgets"] == []
+    plane.set_policy(Policy(3, 3, 2_000, 600_000, 30_000))
+    assert "budgets          none in the live policy" in cli(workdir, environment, "status", "--db", migrated).stdout
 
 
 def test_events_prints_pages_of_the_sanitized_journal(

@@ -74,6 +74,27 @@ function drawBars(id, values) {
   svg.setAttribute("data-last", String(values[values.length - 1] ?? 0));
 }
 
+function span(ms) {
+  if (ms >= 3600000 && ms % 3600000 === 0) return ms / 3600000 + " h";
+  if (ms >= 60000 && ms % 60000 === 0) return ms / 60000 + " min";
+  return duration(ms);
+}
+
+function budgetKey(b) {
+  return b.model === null ? b.provider + " (all models)" : b.provider + "/" + b.model;
+}
+
+function budgetLeft(b) {
+  const parts = [];
+  if (b.remaining_requests !== null) parts.push(b.remaining_requests + " requests");
+  if (b.remaining_tokens !== null) parts.push(b.remaining_tokens + " tokens");
+  return parts.join(", ");
+}
+
+function exhausted(b) {
+  return b.remaining_requests === 0 || b.remaining_tokens === 0;
+}
+
 function scopeText(p) {
   if (p.scope === "all") return "everything";
   if (p.scope === "lane") return "lane " + p.lane;
@@ -124,6 +145,18 @@ function render(data) {
   fillTable("queue-groups", data.queue.groups, [(g) => g.lane, (g) => g.provider, (g) => g.model, (g) => g.depth, (g) => duration(g.oldest_age_ms)]);
   fillTable("seat-groups", data.seats.groups, [(g) => g.lane, (g) => g.provider, (g) => g.model, (g) => g.seats, (g) => g.starts]);
   fillTable("cooldowns", data.cooldowns, [(c) => c.provider, (c) => c.model, (c) => duration(c.remaining_ms)]);
+  const budgets = data.budgets || [];
+  // Without a live revision each connector applies its own policy's budgets, which this server cannot see.
+  const known = budgets.length || (data.policy && data.policy.revision);
+  setText("budget-windows", budgets.length ? budgets.length + (budgets.length === 1 ? " window" : " windows") :
+    known ? "none" : "none known");
+  setText("budgets-exhausted", budgets.filter(exhausted).length);
+  fillTable("budgets", budgets, [
+    budgetKey, (b) => span(b.window_ms),
+    (b) => b.requests + (b.max_requests === null ? "" : " / " + b.max_requests),
+    (b) => b.reserved_tokens, (b) => b.used_tokens, (b) => b.max_tokens ?? "no limit",
+    budgetLeft, (b) => b.next_reset_ms === null ? "–" : duration(b.next_reset_ms),
+  ], { rowClass: (b) => "budget" + (exhausted(b) ? " exhausted" : "") });
   fillTable("leases", data.leases.rows, [
     (l) => l.phase, (l) => l.lane, (l) => l.provider + "/" + l.model, (l) => duration(l.held_ms),
     (l) => duration(l.heartbeat_age_ms), (l) => l.suspect_reason || "", (l) => l.evidence,

@@ -541,17 +541,19 @@ def test_a_figure_above_the_planes_view_changes_nothing(make_plane: PlaneFactory
     assert [row[4:7] for row in charges(database_url) if row[7] == "correction"] == [(0, 0, 200)]
 
 
-def test_a_correction_applies_to_the_named_window_and_by_default_to_the_shortest(
+def test_a_correction_applies_to_the_named_window_and_by_default_to_the_minute(
     make_plane: PlaneFactory, database_url: str
 ) -> None:
     """``window_ms`` selects the windows the figures are for (the charge is the difference in that window, and only
-    it is returned); without it the key's shortest window is corrected; a correction counts only in windows of
+    it is returned); without it the minute window is corrected (the providers' headers describe a minute), and a
+    key with only a five-hour budget is left as it is; a correction counts only in windows of
     the length it corrects (the provider's five-hour figure says nothing about the last minute); a window_ms no
     budget of the key has, or a key without budgets, corrects nothing and returns ()."""
     plane = make_plane(
         policy=budgeted(
             Budget("p1", "m1", window_ms=FIVE_HOURS, max_tokens=10_000),
             Budget("p1", "m1", window_ms=MINUTE, max_tokens=1_000),
+            Budget("p1", "m9", window_ms=FIVE_HOURS, max_tokens=10_000),
         )
     )
     (minute,) = plane.correct_budget("p1", "m1", {"x-ratelimit-remaining-tokens": "400"}, now=1_000)
@@ -569,6 +571,7 @@ def test_a_correction_applies_to_the_named_window_and_by_default_to_the_shortest
     before = table_dump(database_url)
     assert plane.correct_budget("p1", "m1", Remaining(tokens=0), window_ms=1_234, now=1_002) == ()
     assert plane.correct_budget("p1", "m2", Remaining(tokens=0), now=1_002) == (), "a key without budgets"
+    assert plane.correct_budget("p1", "m9", Remaining(tokens=0), now=1_002) == (), "only a five-hour window"
     assert table_dump(database_url) == before
 
 

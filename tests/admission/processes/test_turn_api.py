@@ -11,13 +11,26 @@ from pathlib import Path
 import pytest
 from planes import CONTENT_KEY, ENCRYPTION_KEY
 
-from admission_plane import AdmissionPlane, Policy, RequestState
+from admission_plane import AdmissionPlane, Budget, BudgetWindow, InvalidInputError, Policy, RequestState, Usage
 from admission_plane.migrate import upgrade
 from admission_plane.service import wall_clock_ms
 from admission_plane.store.status import read_status
 from admission_plane.turns import Backoff, Turn, TurnNotAdmittedError, run_turn, spawn_child, turn
 
 POLICY = Policy(2, 2, 0, 600_000, 30_000)
+#: The two-seat policy with a per-minute budget of p/m (requests and tokens) and a provider-wide token budget.
+BUDGETED = Policy(
+    2,
+    2,
+    0,
+    600_000,
+    30_000,
+    budgets=(
+        Budget("p", "m", window_ms=60_000, max_requests=10, max_tokens=10_000),
+        Budget("p", window_ms=3_600_000, max_tokens=100_000),
+    ),
+)
+ESTIMATE = 1_500
 ECHO = [sys.executable, "-I", "-S", "-c", "import sys; sys.stdout.write(sys.stdin.read().upper())"]
 FAST = Backoff(initial_ms=5, max_ms=20)
 
@@ -29,6 +42,17 @@ def plane(tmp_path: Path) -> Iterator[AdmissionPlane]:
     upgrade(database)
     with AdmissionPlane(
         database, policy=POLICY, encryption_key=ENCRYPTION_KEY, content_fingerprint_key=CONTENT_KEY
+    ) as opened:
+        yield opened
+
+
+@pytest.fixture
+def budgeted(tmp_path: Path) -> Iterator[AdmissionPlane]:
+    """A plane like ``plane`` whose policy has budgets for p/m and for p as a whole."""
+    database = tmp_path / "budgeted.sqlite"
+    upgrade(database)
+    with AdmissionPlane(
+        database, policy=BUDGETED, encryption_key=ENCRYPTION_KEY, content_fingerprint_key=CONTENT_KEY
     ) as opened:
         yield opened
 
@@ -53,6 +77,16 @@ def options(request_id: str = "r-1", **overrides: object) -> dict[str, object]:
 def kinds(plane: AdmissionPlane) -> list[str]:
     """The kinds of every journal event, oldest first."""
     return [event.kind for event in plane.read_sanitized_events(limit=1000)]
+
+
+def counted(plane: AdmissionPlane) -> list[tuple[int, int, int]]:
+    """``(requests, reserved tokens, used tokens)`` of every budget window now (p/m's, then p's)."""
+    return [(w.requests, w.reserved_tokens, w.used_tokens) for w in plane.budget_status()]
+
+
+def settlements(plane: AdmissionPlane) -> list[str]:
+    """The state every ``budget_settled`` event settled a reservation to, oldest first."""
+    return [event.to_state for event in plane.read_sanitized_events(limit=1000) if event.kind == "budget_settled"]
 
 
 def test_turn_success_runs_the_whole_lifecycle_and_completes(plane: AdmissionPlane) -> None:
@@ -246,6 +280,122 @@ def test_turn_needs_exactly_one_way_to_start_the_child(plane: AdmissionPlane) ->
     with pytest.raises(ValueError, match="exactly one"):
         Turn(plane, **options(spawn=lambda: 1, command=ECHO))
     assert plane.read_sanitized_events() == ()
+
+
+# --- budgets ------------------------------------------------------------------------------------------
+
+
+def test_a_turn_reserves_its_estimate_and_settles_to_the_usage_it_records(budgeted: AdmissionPlane) -> None:
+    """A turn's ``estimated_tokens`` (and one request) is reserved in every window of its key while it runs;
+    ``record_usage`` in the block settles the reservation to the usage (``reconciled``), whatever it estimated."""
+    with turn(budgeted, **options(estimated_tokens=ESTIMATE)) as live:
+        assert counted(budgeted) == [(1, ESTIMATE, 0), (1, ESTIMATE, 0)]
+        window = budgeted.budget_status()[0]
+        assert isinstance(window, BudgetWindow)
+        assert (window.remaining_requests, window.remaining_tokens) == (9, 10_000 - ESTIMATE)
+        assert live.child is not None
+        live.child.communicate()
+        live.record_usage(input_tokens=300, output_tokens=200)
+        assert live.usage == Usage(input_tokens=300, output_tokens=200)
+    assert live.state is RequestState.COMPLETED
+    assert counted(budgeted) == [(1, 0, 500), (1, 0, 500)]
+    assert budgeted.budget_status()[0].remaining_tokens == 10_000 - 500
+    assert settlements(budgeted) == ["reconciled"]
+
+
+def test_usage_recorded_before_a_capacity_failure_still_reconciles(budgeted: AdmissionPlane) -> None:
+    """The usage the block records settles the reservation whatever the outcome (here a capacity failure; a later
+    ``record_usage`` replaces an earlier one)."""
+    with turn(budgeted, **options(estimated_tokens=ESTIMATE)) as live:
+        assert live.child is not None
+        live.child.communicate()
+        live.record_usage(input_tokens=1, output_tokens=1)
+        live.record_usage(Usage(input_tokens=40, output_tokens=2))
+        live.fail("provider_capacity", retry_after={"retry-after": "20"})
+    assert budgeted.get_request("r-1").state is RequestState.FAILED
+    assert counted(budgeted) == [(1, 0, 42), (1, 0, 42)]
+    assert settlements(budgeted) == ["reconciled"]
+
+
+def test_a_turn_that_records_no_usage_is_charged_at_its_estimate(budgeted: AdmissionPlane) -> None:
+    """Without ``record_usage`` the reservation settles ``charged``: the estimate counts as used."""
+    with turn(budgeted, **options(estimated_tokens=ESTIMATE)) as live:
+        assert live.child is not None
+        live.child.communicate()
+    assert live.state is RequestState.COMPLETED
+    assert counted(budgeted) == [(1, 0, ESTIMATE), (1, 0, ESTIMATE)]
+    assert settlements(budgeted) == ["charged"]
+
+
+def test_an_exception_before_the_prompt_write_refunds_the_reservation(budgeted: AdmissionPlane) -> None:
+    """A turn abandoned before its prompt write (here its spawn fails) is refunded: its request and estimate,
+    reserved at admission, leave every window."""
+    seen: list[list[tuple[int, int, int]]] = []
+
+    def broken_spawn() -> int:
+        seen.append(counted(budgeted))
+        raise OSError("provider binary missing")
+
+    with (
+        pytest.raises(OSError, match="provider binary missing"),
+        turn(budgeted, **options(spawn=broken_spawn, estimated_tokens=ESTIMATE)),
+    ):
+        pytest.fail("the block must not run")
+    assert seen == [[(1, ESTIMATE, 0), (1, ESTIMATE, 0)]], "the estimate was reserved before the spawn"
+    assert counted(budgeted) == [(0, 0, 0), (0, 0, 0)]
+    assert all(window.next_reset_at is None for window in budgeted.budget_status())
+    assert settlements(budgeted) == ["refunded"]
+
+
+def test_an_exception_after_the_prompt_write_retains_the_reservation(budgeted: AdmissionPlane) -> None:
+    """A turn left by an exception after its prompt write is ``recovery_required``: the provider may have charged it,
+    so its reservation stands (still counted as reserved, even with usage recorded) while it holds its seat, and is
+    ``retained`` when the operator frees that seat."""
+
+    def crash(live: Turn) -> None:
+        live.record_usage(input_tokens=5)
+        raise RuntimeError("connector bug")
+
+    with (
+        pytest.raises(RuntimeError, match="connector bug"),
+        turn(budgeted, **options(estimated_tokens=ESTIMATE)) as live,
+    ):
+        crash(live)
+    assert budgeted.get_request("r-1").state is RequestState.RECOVERY_REQUIRED
+    assert counted(budgeted) == [(1, ESTIMATE, 0), (1, ESTIMATE, 0)]
+    assert settlements(budgeted) == []
+    (dispatch,) = budgeted.list_recoverable_dispatches()
+    budgeted.release_lease(dispatch.fence.lease_id, wall_clock_ms())
+    assert budgeted.get_request("r-1").state is RequestState.RECOVERY_REQUIRED
+    assert counted(budgeted) == [(1, ESTIMATE, 0), (1, ESTIMATE, 0)]
+    assert settlements(budgeted) == ["retained"]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"input_tokens": -1},
+        {"output_tokens": 2**41},
+        {"input_tokens": 1.5},
+        {"output_tokens": True},
+        {"input_tokens": "10"},
+        {"usage": Usage(), "input_tokens": 1},
+        {"usage": 500},
+    ],
+    ids=["negative", "huge", "float", "bool", "text", "both", "not-a-usage"],
+)
+def test_record_usage_refuses_bad_values_in_the_block(budgeted: AdmissionPlane, bad: dict[str, object]) -> None:
+    """A bad count (or a Usage with counts, or something else) raises InvalidInputError at the call, in the block;
+    nothing is recorded, so the turn, once completed, is charged at its estimate."""
+    with turn(budgeted, **options(estimated_tokens=ESTIMATE)) as live:
+        with pytest.raises(InvalidInputError):
+            live.record_usage(**bad)  # type: ignore[arg-type]
+        assert live.usage is None
+        assert live.child is not None
+        live.child.communicate()
+    assert live.state is RequestState.COMPLETED
+    assert settlements(budgeted) == ["charged"]
+    assert counted(budgeted) == [(1, 0, ESTIMATE), (1, 0, ESTIMATE)]
 
 
 def test_spawned_children_lead_their_own_process_group(plane: AdmissionPlane) -> None:

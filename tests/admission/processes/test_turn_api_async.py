@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import anyio
 import pytest
 
-from admission_plane import AdmissionPlane, InvalidInputError, Policy, RequestState
+from admission_plane import AdmissionPlane, Budget, InvalidInputError, Policy, RequestState, Usage
 from admission_plane.aio import AsyncAdmissionPlane, AsyncTurn, spawn_child
 from admission_plane.service import wall_clock_ms
 from admission_plane.store.status import read_status
@@ -19,6 +19,19 @@ from admission_plane.turns import Backoff, TurnNotAdmittedError
 
 T = TypeVar("T")
 POLICY = Policy(2, 2, 0, 600_000, 30_000)
+#: The two-seat policy with a per-minute budget of p/m (requests and tokens) and a provider-wide token budget.
+BUDGETED = Policy(
+    2,
+    2,
+    0,
+    600_000,
+    30_000,
+    budgets=(
+        Budget("p", "m", window_ms=60_000, max_requests=10, max_tokens=10_000),
+        Budget("p", window_ms=3_600_000, max_tokens=100_000),
+    ),
+)
+ESTIMATE = 1_500
 ECHO = [sys.executable, "-I", "-S", "-c", "import sys; sys.stdout.write(sys.stdin.read().upper())"]
 FAST = Backoff(initial_ms=5, max_ms=20)
 S = RequestState
@@ -31,15 +44,27 @@ def plane(make_plane: Callable[..., AdmissionPlane]) -> AdmissionPlane:
 
 
 @pytest.fixture
+def budgeted(make_plane: Callable[..., AdmissionPlane]) -> AdmissionPlane:
+    """A plane like ``plane`` whose policy has budgets for p/m and for p as a whole."""
+    return make_plane(policy=BUDGETED)
+
+
+def run_on(plane: AdmissionPlane, scenario: Callable[[AsyncAdmissionPlane], Awaitable[T]]) -> T:
+    """Run ``scenario`` in a fresh event loop with an async plane wrapping ``plane`` (closed afterwards)."""
+
+    async def main() -> T:
+        async with AsyncAdmissionPlane(plane) as aplane:
+            return await scenario(aplane)
+
+    return asyncio.run(main())
+
+
+@pytest.fixture
 def run(plane: AdmissionPlane) -> Callable[[Callable[[AsyncAdmissionPlane], Awaitable[T]]], T]:
     """Run a scenario in a fresh event loop with an async plane wrapping ``plane`` (closed afterwards)."""
 
     def runner(scenario: Callable[[AsyncAdmissionPlane], Awaitable[T]]) -> T:
-        async def main() -> T:
-            async with AsyncAdmissionPlane(plane) as aplane:
-                return await scenario(aplane)
-
-        return asyncio.run(main())
+        return run_on(plane, scenario)
 
     return runner
 
@@ -76,6 +101,16 @@ def state(plane: AdmissionPlane, request_id: str = "r-1") -> RequestState:
     stored = plane.get_request(request_id)
     assert stored is not None
     return stored.state
+
+
+def counted(plane: AdmissionPlane) -> list[tuple[int, int, int]]:
+    """``(requests, reserved tokens, used tokens)`` of every budget window now (p/m's, then p's)."""
+    return [(w.requests, w.reserved_tokens, w.used_tokens) for w in plane.budget_status()]
+
+
+def settlements(plane: AdmissionPlane) -> list[str]:
+    """The state every ``budget_settled`` event settled a reservation to, oldest first."""
+    return [event.to_state for event in plane.read_sanitized_events(limit=1000) if event.kind == "budget_settled"]
 
 
 async def communicate(live: AsyncTurn) -> bytes:
@@ -351,6 +386,122 @@ def test_async_turns_run_under_anyio(plane: AdmissionPlane) -> None:
     assert anyio.run(main, backend="asyncio") == b"HELLO THERE"
     assert state(plane) is S.COMPLETED
     assert state(plane, "r-2") is S.CANCELLED
+
+
+# --- budgets ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("decision", ["complete", "fail"])
+def test_an_async_turn_reserves_its_estimate_and_settles_to_the_usage_it_records(
+    budgeted: AdmissionPlane, decision: str
+) -> None:
+    """An async turn's ``estimated_tokens`` (and one request) is reserved in every window of its key while it runs;
+    ``record_usage`` in the block settles it to the usage (``reconciled``), whether the block completes or fails."""
+    inside: list[list[tuple[int, int, int]]] = []
+
+    async def scenario(aplane: AsyncAdmissionPlane) -> AsyncTurn:
+        async with aplane.turn(**options(estimated_tokens=ESTIMATE)) as live:
+            inside.append(counted(budgeted))
+            await communicate(live)
+            live.record_usage(input_tokens=300, output_tokens=200)
+            assert live.usage == Usage(300, 200)
+            if decision == "fail":
+                live.fail("provider_capacity", retry_after={"retry-after": "20"})
+        return live
+
+    live = run_on(budgeted, scenario)
+    assert inside == [[(1, ESTIMATE, 0), (1, ESTIMATE, 0)]]
+    assert live.state is (S.COMPLETED if decision == "complete" else S.FAILED)
+    assert counted(budgeted) == [(1, 0, 500), (1, 0, 500)]
+    assert budgeted.budget_status()[0].remaining_tokens == 10_000 - 500
+    assert settlements(budgeted) == ["reconciled"]
+
+
+def test_an_async_turn_that_records_no_usage_is_charged_at_its_estimate(budgeted: AdmissionPlane) -> None:
+    """Without ``record_usage`` the reservation settles ``charged``: the estimate counts as used."""
+
+    async def scenario(aplane: AsyncAdmissionPlane) -> None:
+        async with aplane.turn(**options(estimated_tokens=ESTIMATE)) as live:
+            await communicate(live)
+
+    run_on(budgeted, scenario)
+    assert state(budgeted) is S.COMPLETED
+    assert counted(budgeted) == [(1, 0, ESTIMATE), (1, 0, ESTIMATE)]
+    assert settlements(budgeted) == ["charged"]
+
+
+def test_an_exception_before_the_async_prompt_write_refunds_the_reservation(budgeted: AdmissionPlane) -> None:
+    """An async turn abandoned before its prompt write (its spawn fails) is refunded: its request and estimate,
+    reserved at admission, leave every window."""
+    seen: list[list[tuple[int, int, int]]] = []
+
+    def broken_spawn() -> int:
+        seen.append(counted(budgeted))
+        raise OSError("provider binary missing")
+
+    async def scenario(aplane: AsyncAdmissionPlane) -> None:
+        with pytest.raises(OSError, match="provider binary missing"):
+            async with aplane.turn(**options(spawn=broken_spawn, estimated_tokens=ESTIMATE)):
+                pytest.fail("the block must not run")
+
+    run_on(budgeted, scenario)
+    assert seen == [[(1, ESTIMATE, 0), (1, ESTIMATE, 0)]], "the estimate was reserved before the spawn"
+    assert state(budgeted) is S.FAILED
+    assert counted(budgeted) == [(0, 0, 0), (0, 0, 0)]
+    assert settlements(budgeted) == ["refunded"]
+
+
+def test_cancelling_an_async_turn_before_the_prompt_write_refunds_the_reservation(budgeted: AdmissionPlane) -> None:
+    """A task cancelled while its admitted turn spawns (before the prompt write) ends the turn cancelled (not
+    failed) and refunds the reservation it held at that moment."""
+    seen: list[list[tuple[int, int, int]]] = []
+
+    async def scenario(aplane: AsyncAdmissionPlane) -> None:
+        spawning = asyncio.Event()
+
+        async def slow_spawn() -> int:
+            seen.append(counted(budgeted))
+            spawning.set()
+            await asyncio.sleep(0.3)  # a spawn step runs to its end; the cancellation lands right after it
+            raise OSError("the spawn failed, but the task was cancelled meanwhile")
+
+        async def one() -> None:
+            async with aplane.turn(**options(spawn=slow_spawn, estimated_tokens=ESTIMATE)):
+                pytest.fail("the block must not run")
+
+        task = asyncio.create_task(one())
+        await asyncio.wait_for(spawning.wait(), 30)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    run_on(budgeted, scenario)
+    assert seen == [[(1, ESTIMATE, 0), (1, ESTIMATE, 0)]]
+    assert state(budgeted) is S.CANCELLED
+    assert counted(budgeted) == [(0, 0, 0), (0, 0, 0)]
+    assert settlements(budgeted) == ["refunded"]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"input_tokens": -1}, {"output_tokens": 2**41}, {"input_tokens": 2.0}, {"usage": Usage(), "output_tokens": 3}],
+    ids=["negative", "huge", "float", "both"],
+)
+def test_async_record_usage_refuses_bad_values_in_the_block(budgeted: AdmissionPlane, bad: dict[str, object]) -> None:
+    """A bad count raises InvalidInputError at the call, in the async block; nothing is recorded, so the completed
+    turn is charged at its estimate."""
+
+    async def scenario(aplane: AsyncAdmissionPlane) -> None:
+        async with aplane.turn(**options(estimated_tokens=ESTIMATE)) as live:
+            with pytest.raises(InvalidInputError):
+                live.record_usage(**bad)  # type: ignore[arg-type]
+            assert live.usage is None
+            await communicate(live)
+
+    run_on(budgeted, scenario)
+    assert state(budgeted) is S.COMPLETED
+    assert settlements(budgeted) == ["charged"]
+    assert counted(budgeted) == [(1, 0, ESTIMATE), (1, 0, ESTIMATE)]
 
 
 @pytest.mark.parametrize(
