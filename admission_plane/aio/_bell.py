@@ -153,7 +153,7 @@ async def wait_for_admission(
     def look() -> tuple[Chimes | None, int, AdmittedLease | None, Wake | None]:
         seen = bell.read()  # before the look: a ring during the look still counts
         now = ctx.now()
-        lease, wake = admit_request(ctx, request_id, now, owner_instance_id)
+        lease, wake = admit_request(ctx, request_id, now, owner_instance_id, parallel=True)
         if lease is not None and adopt is not None:
             adopt(lease)
         return seen, now, lease, wake

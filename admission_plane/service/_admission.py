@@ -28,12 +28,16 @@ from . import _budgets, _policy
 from ._context import PlaneContext
 from ._enqueue import record_admitting_owner
 from ._selection import (
+    Choice,
     Facts,
     KeyBlock,
+    Keys,
+    Limits,
     choose,
     idle_agents_ahead,
     key_block,
     limits_of,
+    rank_among_idle,
     read_keys,
     session_full,
     spend_credits,
@@ -89,6 +93,7 @@ def admit_request(
     *,
     plan_wait: bool = True,
     direct: bool = False,
+    parallel: bool = False,
 ) -> tuple[AdmittedLease | None, Wake | None]:
     """Admit ``request_id`` only if the rule would choose exactly it now; else what to wait for.
 
@@ -97,37 +102,54 @@ def admit_request(
     the returned wake is a plain "look again". With ``direct`` it tries the admission first
     and looks only if that admitted nothing (a waiter's first attempt on PostgreSQL, where the
     look's statements are round trips and a request just queued is often admitted at once).
+    With ``parallel`` (a waiter) it may be admitted beside the rule's first choices
+    (:func:`parallel_choice`).
     """
     v.identifier(request_id, "admission request ID")
     v.identifier(owner_instance_id, "admission owner instance ID")
     v.timestamp(now, "admission timestamp")
     if direct:
-        lease = ctx.run(lambda tx: admit_in_transaction(ctx, tx, now, owner_instance_id, request_id))
+        lease = ctx.run(lambda tx: admit_in_transaction(ctx, tx, now, owner_instance_id, request_id, parallel=parallel))
         if lease is not None:
             return lease, None
     # A read-only look first: with nothing to time out and ``request_id`` not the one the
     # rule would admit now, the attempt is a no-op, so waiting connectors look without
     # taking the write lock. The writing transaction re-checks everything, so the look
     # is only an optimisation, never a decision.
-    wake = ctx.run(lambda tx: look(ctx, tx, request_id, now, plan_wait), read_only=True)
+    wake = ctx.run(lambda tx: look(ctx, tx, request_id, now, plan_wait, parallel=parallel), read_only=True)
     if not isinstance(wake, Verdict):
         return None, wake
-    lease = ctx.run(lambda tx: admit_in_transaction(ctx, tx, now, owner_instance_id, request_id))
+    lease = ctx.run(lambda tx: admit_in_transaction(ctx, tx, now, owner_instance_id, request_id, parallel=parallel))
     # Lost a race (or something timed out meanwhile): look again after one short step.
     return lease, None if lease is not None else Wake(at=now)
 
 
 def admit_in_transaction(
-    ctx: PlaneContext, tx: Tx, now: int, owner_instance_id: str, only_request_id: str | None
+    ctx: PlaneContext,
+    tx: Tx,
+    now: int,
+    owner_instance_id: str,
+    only_request_id: str | None,
+    *,
+    parallel: bool = False,
 ) -> AdmittedLease | None:
-    """Time out expired requests, then admit the rule's choice (only if it is ``only_request_id``, when given)."""
+    """Time out expired requests, then admit the rule's choice (only if it is ``only_request_id``, when given).
+
+    With ``parallel`` (a waiter's attempt), ``only_request_id`` is admitted also when it is not the
+    rule's first choice but one of the next ones and every request before it still finds a seat
+    and a start slot (:func:`parallel_choice`).
+    """
     expire_queued(ctx, tx, now)
     policy = _policy.effective(ctx, tx)
     facts = Facts.read(tx, now, policy.policy)
     if capacity_block(tx, policy, facts, now) is not None:
         return None
-    choice = choose(tx, limits_of(policy.policy), facts, read_keys(tx))
-    if choice is None or (only_request_id is not None and choice.request_id != only_request_id):
+    limits = limits_of(policy.policy)
+    keys = read_keys(tx)
+    choice = choose(tx, limits, facts, keys)
+    if choice is not None and only_request_id is not None and choice.request_id != only_request_id:
+        choice = parallel_choice(tx, policy, limits, facts, keys, only_request_id) if parallel else None
+    if choice is None:
         return None
     candidate = tx.one(SELECT_CANDIDATE, {"request_id": choice.request_id})
     if candidate is None:
@@ -141,9 +163,37 @@ def admit_in_transaction(
     return AdmittedLease(lease.lease_id, lease.request_id, lease.generation, owner_instance_id)
 
 
-def look(ctx: PlaneContext, tx: Tx, request_id: str, now: int, plan_wait: bool = True) -> Wake | Verdict | None:
+def parallel_choice(
+    tx: Tx, policy: _policy.Effective, limits: Limits, facts: Facts, keys: Keys, request_id: str
+) -> Choice | None:
+    """``request_id`` as the choice, if it may be admitted beside the rule's first choices: it is the
+    rule's (n+1)-th (:func:`~admission_plane.service._selection.rank_among_idle`) and there are at
+    least n+1 free seats and start slots, with no start interval to space them (beyond the seed).
+
+    Why no request loses by it: the n requests before it are the heads of n idle agents, and
+    admitting it first changes neither who they are nor their order (its agent was idle and
+    behind them; now it holds a seat); n seats and start slots stay free for them. Their
+    connectors admit them as they look, each in its own transaction, instead of one after the
+    other behind each other's notifications.
+    """
+    if policy.seat_limit is None or policy.policy.min_start_interval_ms > 0:
+        return None
+    entry = tx.one(SELECT_ENTRY, {"request_id": request_id})
+    if entry is None or key_block(limits, facts, entry.provider, entry.model) is not None:
+        return None
+    head = (entry.enqueued_at, request_id)
+    rank = rank_among_idle(tx, limits, facts, keys, entry.lane, entry.agent_id, head)
+    if rank is None:
+        return None
+    free = min(policy.seat_limit - facts.seats, policy.policy.max_concurrent_starts - facts.starts)
+    return Choice(request_id, entry.lane, (entry.provider, entry.model)) if free >= rank + 1 else None
+
+
+def look(
+    ctx: PlaneContext, tx: Tx, request_id: str, now: int, plan_wait: bool = True, *, parallel: bool = False
+) -> Wake | Verdict | None:
     """``Verdict.WRITE`` if an admission attempt may succeed now; else what could change that
-    (``None``: the request is not queued any more)."""
+    (``None``: the request is not queued any more). ``parallel``: as for :func:`admit_in_transaction`."""
     if tx.exists(ANY_EXPIRED, {"now": now}):
         return Verdict.WRITE
     policy = _policy.effective(ctx, tx)
@@ -154,6 +204,9 @@ def look(ctx: PlaneContext, tx: Tx, request_id: str, now: int, plan_wait: bool =
     if choice is not None and choice.request_id == request_id:
         block = capacity_block(tx, policy, facts, now, plan_wait=plan_wait)
         return Verdict.WRITE if block is None else block
+    beside = parallel and choice is not None and capacity_block(tx, policy, facts, now) is None
+    if beside and parallel_choice(tx, policy, limits, facts, keys, request_id) is not None:
+        return Verdict.WRITE
     if not plan_wait:
         return Wake()
     entry = tx.one(SELECT_ENTRY, {"request_id": request_id})

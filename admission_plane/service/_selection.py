@@ -87,6 +87,17 @@ class Limits:
     #: Whether the policy sets any budget (one admission can then hold back a whole key).
     budgeted: bool = False
 
+    @property
+    def simple(self) -> bool:
+        """No keyed limit, session limit or budget: one admission holds back at most its own agent."""
+        return not (
+            self.key_active
+            or self.provider_active
+            or self.provider_starts
+            or self.session_limit is not None
+            or self.budgeted
+        )
+
     @classmethod
     def of(cls, policy: Policy) -> Limits:
         """The limits of ``policy``."""
@@ -383,14 +394,39 @@ def idle_agents_ahead(
     limits (or budgets) one admission can hold back a whole key or session at once, and the waiter must
     look at every departure. The walk reads one page of agent heads per open key of the lane.
     """
-    if (
-        limits.key_active
-        or limits.provider_active
-        or limits.provider_starts
-        or limits.session_limit is not None
-        or limits.budgeted
-    ):
+    if not limits.simple:
         return None
+    return min(len(_idle_agents_before(tx, limits, facts, keys, head, horizon)), horizon)
+
+
+def rank_among_idle(
+    tx: Tx, limits: Limits, facts: Facts, keys_by_lane: Keys, lane: str, agent: str, head: Head
+) -> int | None:
+    """Exactly how many admissions the rule makes before the request at ``head`` (of ``agent``, in
+    ``lane``), when that is known from the idle agents ahead of it alone; else ``None``.
+
+    Known when the policy sets no keyed limit, session limit or budget, the queue holds one lane
+    (so no weighted share between lanes), nothing is paused, the request's key is open and its
+    agent holds no seat, and none of its agent's requests is older than it: then the rule admits
+    the head of each idle agent ahead of it, each once (an admitted agent holds a seat and drops
+    behind every idle one), and then it. A waiter may take its seat at once when there are seats
+    and start slots for all of them and itself (:func:`admission_plane.service._admission.admit_in_transaction`):
+    no request ahead of it loses the seat it needs.
+    """
+    if not limits.simple or facts.paused_all or lane in facts.paused_lanes or set(keys_by_lane) != {lane}:
+        return None
+    if facts.agent_seats[agent]:
+        return None
+    agents = _idle_agents_before(tx, limits, facts, keys_by_lane[lane], head, RANK_HORIZON)
+    if len(agents) >= RANK_HORIZON or agent in agents:
+        return None
+    return len(agents)
+
+
+def _idle_agents_before(
+    tx: Tx, limits: Limits, facts: Facts, keys: list[KeyHeadRow], head: Head, horizon: int
+) -> set[str]:
+    """The agents holding no seat whose head in an open key of ``keys`` is before ``head`` (up to ``horizon``)."""
     agents: set[str] = set()
     for key in keys:  # the lane's keys (from :func:`read_keys`)
         if key_block(limits, facts, key.provider, key.model) is not None:
@@ -401,7 +437,7 @@ def idle_agents_ahead(
                 break
             if not facts.agent_seats[member.member]:
                 agents.add(member.member)
-    return min(len(agents), horizon)
+    return agents
 
 
 def _pages(

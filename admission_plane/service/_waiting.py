@@ -54,7 +54,7 @@ def wait_for_admission(
     while True:
         seen = None if doorbell is None else doorbell.read()
         now = ctx.now()
-        lease, wake = admit_request(ctx, request_id, now, owner_instance_id, direct=direct)
+        lease, wake = admit_request(ctx, request_id, now, owner_instance_id, direct=direct, parallel=True)
         direct = False
         if lease is not None:
             return lease

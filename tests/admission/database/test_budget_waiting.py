@@ -60,11 +60,11 @@ def record_looks(plane: AdmissionPlane, clock: Clock, monkeypatch: pytest.Monkey
     monkeypatch.setattr(_waiting, "_jitter", lambda: 1.0)
     original = _admission.look
 
-    def look(ctx: Any, tx: Any, request_id: str, *args: Any) -> Any:
+    def look(ctx: Any, tx: Any, request_id: str, *args: Any, **options: Any) -> Any:
         if ctx is plane._ctx:
             looks.append(clock.now)
             assert len(looks) <= MAX_LOOKS, "the waiter polls instead of sleeping until the window frees"
-        return original(ctx, tx, request_id, *args)
+        return original(ctx, tx, request_id, *args, **options)
 
     monkeypatch.setattr(_admission, "look", look)
     return looks

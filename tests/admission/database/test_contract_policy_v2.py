@@ -594,10 +594,10 @@ def record_looks(plane: AdmissionPlane, clock: Clock, monkeypatch: pytest.Monkey
     looks: list[int] = []
     original = _admission.look
 
-    def look(ctx: Any, tx: Any, request_id: str, *args: Any) -> Any:
+    def look(ctx: Any, tx: Any, request_id: str, *args: Any, **options: Any) -> Any:
         if ctx is plane._ctx:
             looks.append(len(clock.sleeps))
-        return original(ctx, tx, request_id, *args)
+        return original(ctx, tx, request_id, *args, **options)
 
     monkeypatch.setattr(_admission, "look", look)
     return looks

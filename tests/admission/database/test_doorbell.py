@@ -182,10 +182,10 @@ def count_looks(plane: AdmissionPlane, monkeypatch: pytest.MonkeyPatch) -> list[
     looks: list[str] = []
     original = _admission.look
 
-    def look(ctx: Any, tx: Any, request_id: str, *args: Any) -> Any:
+    def look(ctx: Any, tx: Any, request_id: str, *args: Any, **options: Any) -> Any:
         if ctx is plane._ctx:
             looks.append(request_id)
-        return original(ctx, tx, request_id, *args)
+        return original(ctx, tx, request_id, *args, **options)
 
     monkeypatch.setattr(_admission, "look", look)
     return looks
@@ -195,10 +195,16 @@ def _wait_behind_two_idle_agents(
     make_plane: Callable[..., AdmissionPlane], monkeypatch: pytest.MonkeyPatch, policy: Policy
 ) -> list[tuple[str, int]]:
     """Wait for "mine" behind the requests of two idle agents, which another plane admits at the
-    third and sixth doorbell read; return every look of the waiting plane as (request, reads so far)."""
+    third and sixth doorbell read; return every look of the waiting plane as (request, reads so far).
+
+    A fourth agent holds one of the three seats until the sixth read, so there are never seats for
+    both requests ahead and "mine" at once (which would admit it beside them at its first look)."""
     clock = Clock()
     plane = make_plane(policy=policy, clock=clock)
     other = make_plane(policy=policy)
+    enqueue(plane, "holder", agent_id="h", now=800)
+    holder = other.admit_next(850, "other")
+    assert holder is not None
     enqueue(plane, "first", agent_id="a", now=900)
     enqueue(plane, "second", agent_id="b", now=901)
     enqueue(plane, "mine", agent_id="c", now=902)
@@ -206,10 +212,10 @@ def _wait_behind_two_idle_agents(
     admitted: list[str] = []
     original_look = _admission.look
 
-    def look(ctx: Any, tx: Any, request_id: str, *args: Any) -> Any:
+    def look(ctx: Any, tx: Any, request_id: str, *args: Any, **options: Any) -> Any:
         if ctx is plane._ctx:
             looks.append((request_id, len(clock.sleeps)))
-        return original_look(ctx, tx, request_id, *args)
+        return original_look(ctx, tx, request_id, *args, **options)
 
     monkeypatch.setattr(_admission, "look", look)
 
@@ -219,6 +225,8 @@ def _wait_behind_two_idle_agents(
             lease = other.admit_next(clock.now, "other")
             assert lease is not None
             admitted.append(lease.request_id)
+        if len(clock.sleeps) == 6:
+            other.abandon_before_prompt(holder, clock.now, "cancelled")
 
     lease = plane.wait_for_admission("mine", "me", sleep=sleep)
     assert admitted == ["first", "second"]

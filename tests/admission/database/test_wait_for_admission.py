@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from planes import ONE_SEAT, Clock
 
-from admission_plane import AdmissionPlane, InvalidInputError, Policy, RequestState
+from admission_plane import AdmissionPlane, Budget, InvalidInputError, KeyLimit, Policy, RequestState
 
 
 def submit(plane: AdmissionPlane, request_id: str, now: int, agent_id: str = "agent-a") -> None:
@@ -85,27 +85,83 @@ def wait_for_the_doorbell(plane: AdmissionPlane, before: object) -> None:
 
 
 def test_wait_never_admits_ahead_of_an_older_request(make_plane: Callable[..., AdmissionPlane]) -> None:
-    """While an older request is eligible, a younger request's wait only looks again soon; it never takes the seat."""
+    """While an older request is eligible and only one seat is free, a younger request's wait only looks again soon;
+    it never takes the seat the older one needs, and is admitted once the older one has its seat and another is
+    freed."""
     clock = Clock()
     plane = make_plane(policy=Policy(2, 2, 0, 1_800_000, 30_000), clock=clock)
-    submit(plane, "older", clock.now, agent_id="agent-a")
-    submit(plane, "younger", clock.now + 1, agent_id="agent-b")
+    submit(plane, "holder", clock.now, agent_id="agent-h")
+    holder = plane.admit_request("holder", clock.now, "owner-h")
+    assert holder is not None  # one of the two seats is taken: one is free
+    submit(plane, "older", clock.now + 1, agent_id="agent-a")
+    submit(plane, "younger", clock.now + 2, agent_id="agent-b")
     looks: list[Any] = []
 
     def sleep_and_let_the_older_in(seconds: float) -> None:
         looks.append(seconds)
         clock.sleep(seconds)
+        assert plane.get_request("younger").state is RequestState.QUEUED
         if len(looks) == 3:
             before = plane._ctx.doorbell.read() if plane._ctx.doorbell is not None else None
             assert plane.admit_request("older", clock.now, "owner-a") is not None
+            plane.abandon_before_prompt(holder, clock.now, "cancelled")
             wait_for_the_doorbell(plane, before)
 
     lease = plane.wait_for_admission("younger", "owner-b", sleep=sleep_and_let_the_older_in)
     assert lease is not None
     assert lease.request_id == "younger"
-    assert len(looks) == 3
+    assert len(looks) >= 3
     # Doorbell reads back off to max_delay_ms; without a doorbell it looks every BEHIND_DELAY_S.
-    assert all(seconds <= 0.004 * 1.5 + 1e-9 for seconds in looks), "behind an older request it looks again soon"
+    assert all(seconds <= 0.004 * 1.5 + 1e-9 for seconds in looks[:3]), "behind an older request it looks again soon"
+
+
+def test_a_waiter_is_admitted_beside_older_requests_when_there_are_seats_for_all(
+    make_plane: Callable[..., AdmissionPlane],
+) -> None:
+    """Beyond the seed: with seats and start slots free for every request ahead of it and itself (no keyed limit,
+    session limit or budget, one lane, no start interval), a waiter is admitted at once, and the older requests
+    still find their seats."""
+    clock = Clock()
+    plane = make_plane(policy=Policy(3, 3, 0, 1_800_000, 30_000), clock=clock)
+    submit(plane, "oldest", clock.now, agent_id="agent-a")
+    submit(plane, "older", clock.now + 1, agent_id="agent-b")
+    submit(plane, "younger", clock.now + 2, agent_id="agent-c")
+    lease = plane.wait_for_admission("younger", "owner-c", sleep=clock.sleep)
+    assert lease is not None
+    assert lease.request_id == "younger"
+    assert clock.sleeps == [], "admitted on its first look"
+    assert plane.admit_request("older", clock.now, "owner-b") is None, "the public admit_request stays strict"
+    assert [plane.admit_next(clock.now, f"owner-{n}").request_id for n in (1, 2)] == ["oldest", "older"]
+
+
+@pytest.mark.parametrize(
+    ("why", "policy", "held"),
+    [
+        ("two seats for three", Policy(2, 2, 0, 1_800_000, 30_000), 0),
+        ("two start slots for three", Policy(4, 3, 0, 1_800_000, 30_000), 1),
+        ("a start interval", Policy(3, 3, 5, 1_800_000, 30_000), 0),
+        ("a keyed limit", Policy(3, 3, 0, 1_800_000, 30_000, key_limits=(KeyLimit("p", max_active_turns=3),)), 0),
+        ("a session limit", Policy(3, 3, 0, 1_800_000, 30_000, max_turns_per_session=3), 0),
+        ("a budget", Policy(3, 3, 0, 1_800_000, 30_000, budgets=(Budget("p", max_requests=10),)), 0),
+    ],
+)
+def test_a_waiter_is_not_admitted_beside_older_requests_otherwise(
+    make_plane: Callable[..., AdmissionPlane], why: str, policy: Policy, held: int
+) -> None:
+    """Without seats and start slots for every request ahead and itself, or under a policy whose limits one
+    admission can spend for others (keyed, session, budget) or with a start interval, a younger waiter is not
+    admitted while two older requests are eligible."""
+    clock = Clock()
+    plane = make_plane(policy=policy, clock=clock)
+    for index in range(held):  # a lease in its start window holds a start slot
+        submit(plane, f"holder-{index}", clock.now, agent_id=f"agent-h{index}")
+        assert plane.admit_request(f"holder-{index}", clock.now, "owner-h") is not None
+    submit(plane, "oldest", clock.now + 10, agent_id="agent-a")
+    submit(plane, "older", clock.now + 11, agent_id="agent-b")
+    submit(plane, "younger", clock.now + 12, agent_id="agent-c")
+    clock.now += 100
+    assert plane.wait_for_admission("younger", "owner-c", timeout_ms=50, sleep=clock.sleep) is None, why
+    assert plane.get_request("younger").state is RequestState.QUEUED
 
 
 def test_wait_refuses_a_bad_timeout_before_any_look(clocked: tuple[AdmissionPlane, Clock]) -> None:
