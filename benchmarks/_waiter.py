@@ -41,10 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     looks = 0
     look = _admission.look
 
-    def counted(*look_args: Any) -> Any:
+    def counted(*look_args: Any, **look_options: Any) -> Any:
         nonlocal looks
         looks += 1
-        return look(*look_args)
+        return look(*look_args, **look_options)
 
     _admission.look = counted
     request_id = f"waiter-{args.index}"
