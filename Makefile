@@ -14,8 +14,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test,postgres,web]'
 	touch $(STAMP)
 
+# The suite runs on TEST_WORKERS processes (pytest-xdist; each has its own PostgreSQL database and
+# temporary files; a module's tests stay on one worker). TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
+
 test: check $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Static checks, fast and first: lint, formatting, strict types, the import layering (pyproject.toml).
 check: $(STAMP)
