@@ -277,6 +277,12 @@ class AdmissionService(RecoveryOperations):
         """Wait until ``request_id`` is admitted; ``None`` on timeout or once the request is no
         longer queued (timed out, cancelled, settled).
 
+        It is admitted when the admission rule chooses it, or (beyond the original) beside the
+        rule's first choices when none of them can lose its seat by it: the policy sets no keyed
+        limit, session limit, budget or start interval, the queue holds one lane, its agent holds
+        no seat, and there are free seats and start slots for every request ahead of it and for
+        it. :meth:`admit_request` keeps the original's strict rule.
+
         The wait is driven by the database's doorbell (see :mod:`admission_plane.store.doorbell`):
         between admission looks the waiter only reads a few counters, every
         ``initial_delay_ms`` backing off to ``max_delay_ms`` (with jitter), and looks again
