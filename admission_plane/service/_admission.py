@@ -18,6 +18,7 @@ import attrs
 from .. import _validate as v
 from ..states import EventKind, RequestState
 from ..store.doorbell import EVERYONE_STEP, Chimes
+from ..store.rows import EntryRow
 from ..store.statements.admission import ANY_EXPIRED, RECENT_START, SELECT_CANDIDATE, SELECT_EXPIRED
 from ..store.statements.leases import LATEST_START
 from ..store.statements.queue import SELECT_ENTRY
@@ -148,7 +149,11 @@ def admit_in_transaction(
     keys = read_keys(tx)
     choice = choose(tx, limits, facts, keys)
     if choice is not None and only_request_id is not None and choice.request_id != only_request_id:
-        choice = parallel_choice(tx, policy, limits, facts, keys, only_request_id) if parallel else None
+        if parallel:
+            entry = tx.one(SELECT_ENTRY, {"request_id": only_request_id})
+            choice = parallel_choice(tx, policy, limits, facts, keys, only_request_id, entry)
+        else:
+            choice = None
     if choice is None:
         return None
     candidate = tx.one(SELECT_CANDIDATE, {"request_id": choice.request_id})
@@ -164,7 +169,7 @@ def admit_in_transaction(
 
 
 def parallel_choice(
-    tx: Tx, policy: _policy.Effective, limits: Limits, facts: Facts, keys: Keys, request_id: str
+    tx: Tx, policy: _policy.Effective, limits: Limits, facts: Facts, keys: Keys, request_id: str, entry: EntryRow | None
 ) -> Choice | None:
     """``request_id`` as the choice, if it may be admitted beside the rule's first choices: it is the
     rule's (n+1)-th (:func:`~admission_plane.service._selection.rank_among_idle`) and there are at
@@ -174,19 +179,19 @@ def parallel_choice(
     admitting it first changes neither who they are nor their order (its agent was idle and
     behind them; now it holds a seat); n seats and start slots stay free for them. Their
     connectors admit them as they look, each in its own transaction, instead of one after the
-    other behind each other's notifications.
+    other behind each other's notifications. ``entry`` is the request's place in the admission
+    index (``None``: it has none, so it is not admissible).
     """
-    if policy.seat_limit is None or policy.policy.min_start_interval_ms > 0:
-        return None
-    entry = tx.one(SELECT_ENTRY, {"request_id": request_id})
-    if entry is None or key_block(limits, facts, entry.provider, entry.model) is not None:
-        return None
-    head = (entry.enqueued_at, request_id)
-    rank = rank_among_idle(tx, limits, facts, keys, entry.lane, entry.agent_id, head)
-    if rank is None:
+    if policy.seat_limit is None or policy.policy.min_start_interval_ms > 0 or entry is None:
         return None
     free = min(policy.seat_limit - facts.seats, policy.policy.max_concurrent_starts - facts.starts)
-    return Choice(request_id, entry.lane, (entry.provider, entry.model)) if free >= rank + 1 else None
+    # Not the rule's first choice, so at least one request is ahead: room for two at the least.
+    if free < 2 or key_block(limits, facts, entry.provider, entry.model) is not None:
+        return None
+    rank = rank_among_idle(tx, limits, facts, keys, entry.lane, entry.agent_id, (entry.enqueued_at, request_id))
+    if rank is None or free < rank + 1:
+        return None
+    return Choice(request_id, entry.lane, (entry.provider, entry.model))
 
 
 def look(
@@ -204,12 +209,14 @@ def look(
     if choice is not None and choice.request_id == request_id:
         block = capacity_block(tx, policy, facts, now, plan_wait=plan_wait)
         return Verdict.WRITE if block is None else block
+    if not (plan_wait or parallel):
+        return Wake()
+    entry = tx.one(SELECT_ENTRY, {"request_id": request_id})  # read once, for both uses below
     beside = parallel and choice is not None and capacity_block(tx, policy, facts, now) is None
-    if beside and parallel_choice(tx, policy, limits, facts, keys, request_id) is not None:
+    if beside and parallel_choice(tx, policy, limits, facts, keys, request_id, entry) is not None:
         return Verdict.WRITE
     if not plan_wait:
         return Wake()
-    entry = tx.one(SELECT_ENTRY, {"request_id": request_id})
     if entry is None:
         status = tx.one(SELECT_REQUEST_STATUS, {"request_id": request_id})
         # Queued without a payload: only ``persist_payload`` (or the fallback) helps.

@@ -152,18 +152,12 @@ class Book:
         """The budgets covering the key (:meth:`Policy.budgets_for`, remembered per policy)."""
         return _budgets_for(self.policy, provider, model)
 
-    def use(self, provider: str, budget: Budget) -> Use:
-        """What counts now in ``budget``'s window (for ``provider``)."""
-        cache_key = (provider, budget.model, budget.window_ms)
+    def use(self, budget: Budget) -> Use:
+        """What counts now in ``budget``'s window."""
+        cache_key = (budget.provider, budget.model, budget.window_ms)
         found = self._usage.get(cache_key)
         if found is None:
-            params = {
-                "provider": provider,
-                "model": budget.model,
-                "since": self.now - budget.window_ms,
-                "window_ms": budget.window_ms,
-            }
-            row = self.tx.one(PROVIDER_USAGE if budget.model is None else KEY_USAGE, params)
+            row = self.tx.one(PROVIDER_USAGE if budget.model is None else KEY_USAGE, _window(budget, self.now))
             assert row is not None  # an aggregate always returns its row
             found = self._usage[cache_key] = Use.of(row)
         return found
@@ -178,7 +172,7 @@ class Book:
     def out_of_requests(self, provider: str, model: str) -> bool:
         """Whether a request budget of the key has no request left (the key offers nothing)."""
         return any(
-            budget.max_requests is not None and self.use(provider, budget).requests >= budget.max_requests
+            budget.max_requests is not None and self.use(budget).requests >= budget.max_requests
             for budget in self.budgets(provider, model)
         )
 
@@ -188,7 +182,7 @@ class Book:
         if not budgets:
             return True
         tokens = self.estimate(request_id) if any(budget.max_tokens is not None for budget in budgets) else 0
-        if all(fits(budget, self.use(provider, budget), tokens) for budget in budgets):
+        if all(fits(budget, self.use(budget), tokens) for budget in budgets):
             return True
         self.blocked[(provider, model)] = tokens
         return False
@@ -198,26 +192,30 @@ class Book:
         (``None``: never by time alone)."""
         latest = self.now
         for budget in self.budgets(provider, model):
-            use = self.use(provider, budget)
+            use = self.use(budget)
             if fits(budget, use, tokens):
                 continue
-            moment = _window_frees(self.tx, provider, budget, use, tokens, self.now)
+            moment = _window_frees(self.tx, budget, use, tokens, self.now)
             if moment is None:
                 return None
             latest = max(latest, moment)
         return latest
 
 
-def _window_frees(tx: Tx, provider: str, budget: Budget, use: Use, tokens: int, now: int) -> int | None:
-    """The first time the oldest charges leaving ``budget``'s window make room for one more request of ``tokens``."""
-    params = {
-        "provider": provider,
+def _window(budget: Budget, now: int) -> dict[str, object]:
+    """The parameters that select the charges counting in ``budget``'s window at ``now``."""
+    return {
+        "provider": budget.provider,
         "model": budget.model,
         "since": now - budget.window_ms,
         "window_ms": budget.window_ms,
     }
+
+
+def _window_frees(tx: Tx, budget: Budget, use: Use, tokens: int, now: int) -> int | None:
+    """The first time the oldest charges leaving ``budget``'s window make room for one more request of ``tokens``."""
     requests, spent = use.requests, use.tokens
-    for charge in tx.all(PROVIDER_CHARGES if budget.model is None else KEY_CHARGES, params):
+    for charge in tx.all(PROVIDER_CHARGES if budget.model is None else KEY_CHARGES, _window(budget, now)):
         requests -= charge.requests
         spent -= charge.tokens
         if fits(budget, Use(requests, spent, 0, None), tokens):
@@ -350,7 +348,7 @@ def correct(
         for budget in policy.budgets_for(provider, model):
             if budget.window_ms != window_ms:
                 continue
-            use = Book(tx, now, policy).use(provider, budget)  # read afresh: an earlier correction counts
+            use = Book(tx, now, policy).use(budget)  # read afresh: an earlier correction counts
             extra_requests = _excess(budget.max_requests, use.requests, remaining.requests)
             extra_tokens = _excess(budget.max_tokens, use.tokens, remaining.tokens)
             if extra_requests or extra_tokens:
@@ -359,7 +357,7 @@ def correct(
                 _charge(ctx, tx, provider, scope, extra_requests, extra_tokens, state, now, budget.window_ms)
             corrected.append(budget)
         book = Book(tx, now, policy)
-        return tuple(window_of(book, provider, budget) for budget in corrected)
+        return tuple(window_of(book, budget) for budget in corrected)
 
     return ctx.run(work)
 
@@ -402,15 +400,15 @@ def _charge(
 # --- visibility ---------------------------------------------------------------------------------------
 
 
-def window_of(book: Book, provider: str, budget: Budget) -> BudgetWindow:
-    """One window of ``budget`` as it stands (``provider``: the budget's own)."""
-    use = book.use(provider, budget)
+def window_of(book: Book, budget: Budget) -> BudgetWindow:
+    """One window of ``budget`` as it stands."""
+    use = book.use(budget)
 
     def left(limit: int | None, used: int) -> int | None:
         return None if limit is None else max(0, limit - used)
 
     return BudgetWindow(
-        provider=provider,
+        provider=budget.provider,
         model=budget.model,
         window_ms=budget.window_ms,
         max_requests=budget.max_requests,
@@ -428,7 +426,7 @@ def windows(ctx: PlaneContext, tx: Tx, now: int) -> tuple[BudgetWindow, ...]:
     """Every window of every budget of the policy in force, in the policy's order."""
     policy = _policy.effective(ctx, tx).policy
     book = Book(tx, now, policy)
-    return tuple(window_of(book, budget.provider, budget) for budget in policy.budgets)
+    return tuple(window_of(book, budget) for budget in policy.budgets)
 
 
 def status(ctx: PlaneContext, now: int) -> tuple[BudgetWindow, ...]:

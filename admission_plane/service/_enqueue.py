@@ -135,9 +135,7 @@ def insert_request(ctx: PlaneContext, tx: Tx, meta: Metadata, now: int) -> tuple
     lane = policy.default_lane if meta.lane is None else meta.lane
     existing = tx.one(SELECT_REQUEST_META, {"request_id": meta.request_id})
     if existing is not None:
-        if existing != meta.stored(lane) or _budgets.stored_estimate(tx, meta.request_id) != meta.estimated_tokens:
-            raise AdmissionConflictError()
-        return EnqueueResult(meta.request_id, True), lane
+        return _replay(tx, meta, lane, existing), lane
     if all(known.name != lane for known in policy.lanes):
         raise InvalidInputError("request lane is not a lane of the admission policy")
     limit = policy.max_turns_per_session
@@ -150,13 +148,17 @@ def insert_request(ctx: PlaneContext, tx: Tx, meta: Metadata, now: int) -> tuple
     _budgets.check_estimate(policy, meta.provider, meta.model, meta.estimated_tokens)
     params = {**as_params(meta), "lane": lane, "now": now, "deadline_at": now + policy.queue_timeout_ms}
     if tx.execute(INSERT_REQUEST, params) == 0:  # PostgreSQL: the same request, enqueued at this very moment
-        raced = tx.one(SELECT_REQUEST_META, {"request_id": meta.request_id})
-        if raced != meta.stored(lane) or _budgets.stored_estimate(tx, meta.request_id) != meta.estimated_tokens:
-            raise AdmissionConflictError()
-        return EnqueueResult(meta.request_id, True), lane
+        return _replay(tx, meta, lane, tx.one(SELECT_REQUEST_META, {"request_id": meta.request_id})), lane
     _budgets.store_estimate(tx, meta.request_id, meta.estimated_tokens)
     _journal.record(ctx, tx, EventKind.REQUEST_ENQUEUED, meta.request_id, ABSENT, S.QUEUED, now)
     return EnqueueResult(meta.request_id, False), lane
+
+
+def _replay(tx: Tx, meta: Metadata, lane: str, stored: RequestMeta | None) -> EnqueueResult:
+    """An enqueue of a request already stored: the same metadata and estimate, or a conflict."""
+    if stored != meta.stored(lane) or _budgets.stored_estimate(tx, meta.request_id) != meta.estimated_tokens:
+        raise AdmissionConflictError()
+    return EnqueueResult(meta.request_id, True)
 
 
 def bind_owner(
@@ -176,16 +178,20 @@ def bind_owner(
     known = connector is ctx.owner_identity and ctx.owner_recorded
     stored = None if known else tx.one(SELECT_QUEUED_OWNER, {"owner_instance_id": connector.owner_instance_id})
     values = _owner_values(connector)
-    if stored is None and not known:
-        if tx.execute(INSERT_QUEUED_OWNER, {**values, "now": now, "host_id": ctx.host_id}) == 0:
-            # PostgreSQL: recorded at this very moment by another enqueue of the same connector.
-            raced = tx.one(SELECT_QUEUED_OWNER, {"owner_instance_id": connector.owner_instance_id})
-            if raced is None or as_params(raced) != values:
-                raise AdmissionConflictError()
-    elif stored is not None and as_params(stored) != values:
-        raise AdmissionConflictError()
-    elif stored is not None and connector is ctx.owner_identity:
-        ctx.owner_recorded = True
+    if (
+        stored is None
+        and not known
+        and tx.execute(INSERT_QUEUED_OWNER, {**values, "now": now, "host_id": ctx.host_id}) == 0
+    ):
+        # PostgreSQL: recorded at this very moment by another enqueue of the same connector.
+        stored = tx.one(SELECT_QUEUED_OWNER, {"owner_instance_id": connector.owner_instance_id})
+        if stored is None:
+            raise AdmissionConflictError()
+    if stored is not None:
+        if as_params(stored) != values:
+            raise AdmissionConflictError()
+        if connector is ctx.owner_identity:
+            ctx.owner_recorded = True
     if status is None:
         status = require_queued(tx, request_id)
     if status.queued_owner_instance_id == connector.owner_instance_id:

@@ -19,9 +19,14 @@ def P(key: str) -> BindParameter[Any]:
     return bindparam(key)
 
 
+def quoted(value: str) -> str:
+    """``value`` as an SQL string literal (quotes doubled)."""
+    return "'" + value.replace("'", "''") + "'"
+
+
 def lit(value: str) -> ColumnElement[str]:
     """A constant string rendered inline (values come from our own enums, never from input)."""
-    return literal_column("'" + value.replace("'", "''") + "'")
+    return literal_column(quoted(value))
 
 
 def one_of(column: SQLColumnExpression[str], values: Iterable[str]) -> ColumnElement[bool]:
@@ -43,4 +48,4 @@ def one() -> ColumnElement[int]:
     return literal_column("1")
 
 
-__all__ = ["BindParameter", "P", "fenced", "lit", "one", "one_of"]
+__all__ = ["BindParameter", "P", "fenced", "lit", "one", "one_of", "quoted"]

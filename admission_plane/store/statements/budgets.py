@@ -50,16 +50,21 @@ PRUNE_CHARGES = Statement(delete(BC).where(BC.charged_at <= P("cutoff"), ~_reser
 _tokens = func.coalesce(BC.used_tokens, BC.reserved_tokens)
 
 
-def _usage(model_level: bool) -> AnySelect:
+def _window(model_level: bool) -> list[ColumnElement[bool]]:
+    """The charges counting in one window: of the provider (and model), since the window's start."""
     scope = [BC.provider == P("provider"), BC.charged_at > P("since"), _in_window]
     if model_level:
         scope.append(BC.model == P("model"))
+    return scope
+
+
+def _usage(model_level: bool) -> AnySelect:
     return select(
         _total(BC.requests).label("requests"),
         _total(case((BC.used_tokens.is_(None), BC.reserved_tokens), else_=0)).label("reserved_tokens"),
         _total(func.coalesce(BC.used_tokens, 0)).label("used_tokens"),
         func.min(BC.charged_at).label("oldest"),
-    ).where(*scope)
+    ).where(*_window(model_level))
 
 
 def _total(column: SQLColumnExpression[int]) -> ColumnElement[int]:
@@ -73,11 +78,10 @@ PROVIDER_USAGE = Query(_usage(model_level=False), BudgetUsageRow)
 
 
 def _charges(model_level: bool) -> AnySelect:
-    scope = [BC.provider == P("provider"), BC.charged_at > P("since"), _in_window]
-    if model_level:
-        scope.append(BC.model == P("model"))
     return (
-        select(BC.charged_at, BC.requests, _tokens.label("tokens")).where(*scope).order_by(BC.charged_at, BC.charge_id)
+        select(BC.charged_at, BC.requests, _tokens.label("tokens"))
+        .where(*_window(model_level))
+        .order_by(BC.charged_at, BC.charge_id)
     )
 
 

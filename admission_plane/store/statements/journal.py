@@ -7,7 +7,7 @@ from sqlalchemy import insert, select
 from ..model import Event
 from ..rows import EventRow
 from ..tx import Query, Statement
-from ._build import P
+from ._build import P, quoted
 
 INSERT_EVENT = Statement(
     insert(Event).values(
@@ -25,11 +25,10 @@ def event_literal(kind: str, from_state: str, to_state: str, now: int, correlati
     round trip (:meth:`admission_plane.store.tx.Tx.defer`). The caller has checked every value: the three
     tokens are allowlisted constants, ``now`` an integer and the correlation a hex digest; quotes are
     doubled all the same."""
-    values = ", ".join("'" + str(value).replace("'", "''") + "'" for value in (kind, from_state, to_state))
-    hmac_text = "'" + correlation_hmac.replace("'", "''") + "'"
+    tokens = ", ".join(quoted(str(value)) for value in (kind, from_state, to_state))
     return (
         "INSERT INTO events (kind, from_state, to_state, occurred_at, correlation_hmac) "
-        f"VALUES ({values}, {int(now)}, {hmac_text})"
+        f"VALUES ({tokens}, {int(now)}, {quoted(correlation_hmac)})"
     )
 
 
