@@ -218,8 +218,10 @@ class Connector:
         """Compile every statement and run one turn, so the timed window sees a warm process."""
         from admission_plane.store.statements import every_statement
 
+        dialect = self.plane.engine.dialect
         for statement in every_statement():
-            statement.compiled(self.plane.engine.dialect)
+            if statement.supports(dialect):
+                statement.compiled(dialect)
         self.turn()
         self.errors.clear()
         self.polls = 0

@@ -224,7 +224,7 @@ class FloorConnector:
         """The admission rule's friendly case: capacity, then the first idle agent's head in the only key.
 
         What the rule reads (``service._selection``): the policy, the seat-holding leases,
-        the active cooldowns and the pauses; the start interval; the lanes' keys; a page of
+        the active cooldowns and the pauses; the lanes' keys; the start interval; a page of
         the key's agents in head order; the chosen request.
         """
         assert self._one(policy.SELECT_POLICY) is None
@@ -235,9 +235,9 @@ class FloorConnector:
         assert len(reserved) < 8
         assert self._run(queue.SELECT_ACTIVE_COOLDOWNS, {"now": now}).fetchall() == []
         assert self._run(queue.SELECT_PAUSES).fetchall() == []
+        ((lane, provider, model, _, _),) = self._run(queue.SELECT_KEYS).fetchall()
         assert max(reserved, default=now) <= now  # no reservation within the (zero) start interval
         assert self._one(admission.RECENT_START, {"cutoff": now}) is None
-        ((lane, provider, model, _, _),) = self._run(queue.SELECT_KEYS).fetchall()
         page = self._run(
             queue.AGENT_PAGE,
             {
@@ -329,10 +329,10 @@ class FloorConnector:
         assert lease[4] == "admitted"
         assert self._one(policy.SELECT_POLICY) is None
         assert self._scalar(leases.COUNT_STARTING_LEASES) < 8
-        self._execute(leases.DELETE_OLD_STARTS, {"cutoff": now})
         # No minimum interval: there is nothing to space out, so the latest start is not read.
-        self._execute(leases.INSERT_START, {"lease_id": lease_id, "now": now})
         self._move(lease, "starting", "request_starting", now)
+        self._execute(leases.DELETE_OLD_STARTS, {"cutoff": now})
+        self._execute(leases.INSERT_START, {"lease_id": lease_id, "now": now})
         self._commit()
 
     def commit_dispatch_intent(self, lease_id: str, request_id: str, generation: int, now: int) -> None:

@@ -18,8 +18,14 @@ import attrs
 from .. import _validate as v
 from ..states import EventKind, RequestState
 from ..store.doorbell import EVERYONE_STEP, Chimes
-from ..store.rows import EntryRow
-from ..store.statements.admission import ANY_EXPIRED, RECENT_START, SELECT_CANDIDATE, SELECT_EXPIRED
+from ..store.rows import CooldownRow, EntryRow, KeyHeadRow, PauseRow, PolicyRow, SeatRow
+from ..store.statements.admission import (
+    ADMISSION_READS,
+    ANY_EXPIRED,
+    RECENT_START,
+    SELECT_CANDIDATE,
+    SELECT_EXPIRED,
+)
 from ..store.statements.leases import LATEST_START
 from ..store.statements.queue import SELECT_ENTRY
 from ..store.statements.requests import SELECT_REQUEST_STATUS
@@ -37,13 +43,14 @@ from ._selection import (
     choose,
     idle_agents_ahead,
     key_block,
+    keys_of,
     limits_of,
     rank_among_idle,
     read_keys,
     session_full,
     spend_credits,
 )
-from ._transitions import NewLease, QueuedRequest, change
+from ._transitions import NewLease, QueuedRequest, admit_at_once, change
 
 S = RequestState
 
@@ -140,13 +147,12 @@ def admit_in_transaction(
     rule's first choice but one of the next ones and every request before it still finds a seat
     and a start slot (:func:`parallel_choice`).
     """
-    expire_queued(ctx, tx, now)
-    policy = _policy.effective(ctx, tx)
-    facts = Facts.read(tx, now, policy.policy)
+    reads = read_state(ctx, tx, now, expire=True)
+    assert reads is not None, "expire=True times out what expired"
+    policy, facts, keys = reads
     if capacity_block(tx, policy, facts, now) is not None:
         return None
     limits = limits_of(policy.policy)
-    keys = read_keys(tx)
     choice = choose(tx, limits, facts, keys)
     if choice is not None and only_request_id is not None and choice.request_id != only_request_id:
         if parallel:
@@ -156,16 +162,23 @@ def admit_in_transaction(
             choice = None
     if choice is None:
         return None
-    candidate = tx.one(SELECT_CANDIDATE, {"request_id": choice.request_id})
-    if candidate is None:
-        return None
+    lease_id, request_id = str(uuid.uuid4()), choice.request_id
+    if tx.functions:  # PostgreSQL: the reservation in one statement
+        generation = admit_at_once(ctx, tx, lease_id, request_id, owner_instance_id, EventKind.REQUEST_ADMITTED, now)
+        if generation is None:
+            return None
+    else:
+        candidate = tx.one(SELECT_CANDIDATE, {"request_id": request_id})
+        if candidate is None:
+            return None
+        generation = candidate.lease_generation + 1
+        lease = NewLease(lease_id, request_id, generation, owner_instance_id)
+        change(ctx, tx, lease, EventKind.REQUEST_ADMITTED, S.ADMITTED, now)
     spend_credits(tx, choice)
-    lease = NewLease(str(uuid.uuid4()), choice.request_id, candidate.lease_generation + 1, owner_instance_id)
-    change(ctx, tx, lease, EventKind.REQUEST_ADMITTED, S.ADMITTED, now)
     if facts.book is not None:
-        _budgets.reserve(ctx, facts.book, choice.request_id, *choice.key, now)
+        _budgets.reserve(ctx, facts.book, request_id, *choice.key, now)
     record_admitting_owner(ctx, tx, owner_instance_id, now)
-    return AdmittedLease(lease.lease_id, lease.request_id, lease.generation, owner_instance_id)
+    return AdmittedLease(lease_id, request_id, generation, owner_instance_id)
 
 
 def parallel_choice(
@@ -199,12 +212,11 @@ def look(
 ) -> Wake | Verdict | None:
     """``Verdict.WRITE`` if an admission attempt may succeed now; else what could change that
     (``None``: the request is not queued any more). ``parallel``: as for :func:`admit_in_transaction`."""
-    if tx.exists(ANY_EXPIRED, {"now": now}):
-        return Verdict.WRITE
-    policy = _policy.effective(ctx, tx)
-    facts = Facts.read(tx, now, policy.policy)
+    reads = read_state(ctx, tx, now, expire=False)
+    if reads is None:
+        return Verdict.WRITE  # a request to time out: only a writing transaction can
+    policy, facts, keys = reads
     limits = limits_of(policy.policy)
-    keys = read_keys(tx)
     choice = choose(tx, limits, facts, keys)
     if choice is not None and choice.request_id == request_id:
         block = capacity_block(tx, policy, facts, now, plan_wait=plan_wait)
@@ -243,6 +255,41 @@ def look(
     return Wake(queue=max(1, ahead or 0))
 
 
+def read_state(ctx: PlaneContext, tx: Tx, now: int, *, expire: bool) -> tuple[_policy.Effective, Facts, Keys] | None:
+    """The policy in force, the rule's facts and the lanes' keys, after the queued requests past their
+    deadline are timed out (``expire``), or ``None`` if there are any (not ``expire``: a look).
+
+    PostgreSQL reads them in one statement (:data:`~admission_plane.store.statements.admission.ADMISSION_READS`,
+    one round trip instead of six, inside the admission's lock); SQLite, in process, one statement each.
+    """
+    if tx.dialect.name != "postgresql":
+        if expire:
+            expire_queued(ctx, tx, now)
+        elif tx.exists(ANY_EXPIRED, {"now": now}):
+            return None
+        policy = _policy.effective(ctx, tx)
+        return policy, Facts.read(tx, now, policy.policy), read_keys(tx)
+    row = tx.row(ADMISSION_READS, {"now": now})
+    assert row is not None, "a SELECT without FROM returns one row"
+    expired, latest_start, policy_row, seats, cooldowns, pauses, keys = row
+    if expired:
+        if not expire:
+            return None
+        expire_queued(ctx, tx, now)
+        return read_state(ctx, tx, now, expire=False)  # none is left to expire at ``now``
+    policy = _policy.effective_of(ctx, None if policy_row is None else PolicyRow.from_row(policy_row))
+    facts = Facts.of(
+        tx,
+        now,
+        policy.policy,
+        map(SeatRow.from_row, seats),
+        map(CooldownRow.from_row, cooldowns),
+        map(PauseRow.from_row, pauses),
+    )
+    facts.latest_start, facts.latest_start_read = latest_start, True
+    return policy, facts, keys_of(map(KeyHeadRow.from_row, keys))
+
+
 def expire_queued(ctx: PlaneContext, tx: Tx, now: int) -> None:
     """Time out every queued request past its deadline (each one a departure from the queue)."""
     for request_id in tx.column(SELECT_EXPIRED, {"now": now}):
@@ -267,9 +314,14 @@ def capacity_block(
     interval = policy.policy.min_start_interval_ms
     cutoff = now - interval
     reserved = facts.latest_reservation is not None and facts.latest_reservation > cutoff
-    if not reserved and not tx.exists(RECENT_START, {"cutoff": cutoff}):
+    if facts.latest_start_read:
+        started = facts.latest_start is not None and facts.latest_start > cutoff
+    else:
+        started = tx.exists(RECENT_START, {"cutoff": cutoff})
+    if not reserved and not started:
         return None
     if not plan_wait:
         return Wake(queue=1, starts=True)
-    latest = max(tx.scalar(LATEST_START) or 0, facts.latest_reservation or 0)
+    latest_start = facts.latest_start if facts.latest_start_read else tx.scalar(LATEST_START)
+    latest = max(latest_start or 0, facts.latest_reservation or 0)
     return Wake(queue=1, starts=True, at=max(now + 1, latest + interval))

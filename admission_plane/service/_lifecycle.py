@@ -164,15 +164,17 @@ def mark_starting(ctx: PlaneContext, fence: LeaseFence, now: int) -> None:
                 exact = True
         if exact and (tx.scalar(COUNT_STARTING_LEASES) or 0) >= limit:
             raise AdmissionStateError("concurrent start limit reached")
-        tx.send(DELETE_OLD_STARTS, {"cutoff": now - interval})
         # With no minimum interval there is nothing to space out: a start stamped a little
         # before another connector's (clocks are read before the write lock) is not refused.
         if interval > 0:
             latest = tx.scalar(LATEST_START)
             if latest is not None and now < latest + interval:
                 raise AdmissionStateError("start interval has not elapsed")
-        tx.send(INSERT_START, {"lease_id": fence.lease_id, "now": now})
         change(ctx, tx, lease, K.REQUEST_STARTING, S.STARTING, now)
+        # Last, as nothing in this unit reads them: on PostgreSQL they travel with the commit (``Tx.send``).
+        # Pruning after the read above changes nothing it sees: only starts before ``now - interval`` go.
+        tx.send(DELETE_OLD_STARTS, {"cutoff": now - interval})
+        tx.send(INSERT_START, {"lease_id": fence.lease_id, "now": now})
 
     ctx.run(work, gate=Gate.LEASE)
 

@@ -178,7 +178,11 @@ class Effective:
 
 def effective(ctx: PlaneContext, tx: Tx) -> Effective:
     """The policy in force, read in ``tx`` (one statement; a revision's document is parsed once)."""
-    row = tx.one(SELECT_POLICY)
+    return effective_of(ctx, tx.one(SELECT_POLICY))
+
+
+def effective_of(ctx: PlaneContext, row: PolicyRow | None) -> Effective:
+    """The policy in force, given the durable policy row (``SELECT_POLICY``; ``None``: not claimed)."""
     if row is None:
         return Effective(ctx.policy, ctx.policy.max_active_turns, 0)
     seats = seat_limit(ctx, row)

@@ -4,7 +4,8 @@ A request enters the index when it is queued *and* has its payload (only then ma
 admitted, :mod:`._payloads`), and leaves it when it leaves the queue (every such edge goes
 through :func:`admission_plane.service._transitions.change`) or loses its payload, in the
 same transaction as the change that causes either. ``db check`` verifies the index against the queue
-(:data:`admission_plane.store.statements.queue.INDEX_CHECKS`).
+(:data:`admission_plane.store.statements.queue.INDEX_CHECKS`). On PostgreSQL each chain below is one
+call of a session function running the same statements (:mod:`admission_plane.store.session_functions`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from ..store.statements.queue import (
     MOVE_AGENT_HEAD,
     MOVE_KEY_HEAD,
     MOVE_SESSION_HEAD,
+    QUEUE_ADD,
+    QUEUE_REMOVE,
     SELECT_ENTRY,
 )
 from ..store.tx import Statement, Tx
@@ -32,6 +35,9 @@ _LEVELS = ((DROP_SESSION, MOVE_SESSION_HEAD), (DROP_AGENT, MOVE_AGENT_HEAD), (DR
 def add(tx: Tx, request_id: str, entry: EntryRow) -> None:
     """Index a queued request that just got its payload: one row, and each group's head if it is older."""
     params = {"request_id": request_id, **_entry_params(entry), "enqueued_at": entry.enqueued_at}
+    if tx.functions:
+        tx.send(QUEUE_ADD, params)  # the same chain, on the server
+        return
     tx.execute(INSERT_ENTRY, params)
     lower: Statement
     for lower in (LOWER_SESSION_HEAD, LOWER_AGENT_HEAD, LOWER_KEY_HEAD):
@@ -42,6 +48,9 @@ def add(tx: Tx, request_id: str, entry: EntryRow) -> None:
 
 def remove(tx: Tx, request_id: str, entry: EntryRow | None = None) -> None:
     """Take a request that leaves the queue out of the index (nothing if it had no payload)."""
+    if tx.functions:
+        tx.send(QUEUE_REMOVE, {"request_id": request_id})  # the same chain, on the server
+        return
     if entry is None:
         entry = tx.one(SELECT_ENTRY, {"request_id": request_id})
         if entry is None:

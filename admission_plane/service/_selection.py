@@ -47,7 +47,7 @@ import attrs
 
 from ..policy import Policy
 from ..states import START_WINDOW_PHASES
-from ..store.rows import KeyHeadRow, MemberHeadRow
+from ..store.rows import CooldownRow, KeyHeadRow, MemberHeadRow, PauseRow, SeatRow
 from ..store.statements.queue import (
     AGENT_PAGE,
     DELETE_CREDITS,
@@ -157,11 +157,31 @@ class Facts:
     paused_keys: set[Key] = attrs.field(factory=set)
     book: Book | None = None
 
+    #: PostgreSQL: the latest start, read with the rest (``ADMISSION_READS``); SQLite reads
+    #: it only when the start interval needs it (``latest_start_read`` is then ``False``).
+    latest_start: int | None = None
+    latest_start_read: bool = False
+
     @classmethod
     def read(cls, tx: Tx, now: int, policy: Policy) -> Facts:
         """Three statements: the seat-holding leases, the active cooldowns, the pauses."""
+        return cls.of(
+            tx, now, policy, tx.all(SELECT_SEATS), tx.all(SELECT_ACTIVE_COOLDOWNS, {"now": now}), tx.all(SELECT_PAUSES)
+        )
+
+    @classmethod
+    def of(
+        cls,
+        tx: Tx,
+        now: int,
+        policy: Policy,
+        seats: Iterable[SeatRow],
+        cooldowns: Iterable[CooldownRow],
+        pauses: Iterable[PauseRow],
+    ) -> Facts:
+        """The facts of rows already read (the budgets' :class:`Book` reads in ``tx`` as the walk needs it)."""
         facts = cls(book=Book(tx, now, policy) if policy.budgets else None)
-        for seat in tx.all(SELECT_SEATS):
+        for seat in seats:
             facts.seats += 1
             facts.key_seats[(seat.provider, seat.model)] += 1
             facts.provider_seats[seat.provider] += 1
@@ -172,10 +192,8 @@ class Facts:
                 facts.provider_starts[seat.provider] += 1
                 if facts.latest_reservation is None or seat.acquired_at > facts.latest_reservation:
                     facts.latest_reservation = seat.acquired_at
-        facts.cooling = {
-            (row.provider, row.model): row.not_before for row in tx.all(SELECT_ACTIVE_COOLDOWNS, {"now": now})
-        }
-        for pause in tx.all(SELECT_PAUSES):
+        facts.cooling = {(row.provider, row.model): row.not_before for row in cooldowns}
+        for pause in pauses:
             if pause.lane:
                 facts.paused_lanes.add(pause.lane)
             elif pause.provider:
@@ -245,8 +263,13 @@ Keys = dict[str, list[KeyHeadRow]]
 
 def read_keys(tx: Tx) -> Keys:
     """Every lane's provider/model groups with their heads, in head order (one statement)."""
+    return keys_of(tx.all(SELECT_KEYS))
+
+
+def keys_of(rows: Iterable[KeyHeadRow]) -> Keys:
+    """``SELECT_KEYS`` rows (in its order) by lane."""
     keys_by_lane: Keys = {}
-    for row in tx.all(SELECT_KEYS):
+    for row in rows:
         keys_by_lane.setdefault(row.lane, []).append(row)
     return keys_by_lane
 

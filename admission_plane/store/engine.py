@@ -14,7 +14,9 @@ seats, starts or the queue serialise on a transaction-level advisory lock (see
 their first use on a connection (psycopg's ``prepare_threshold=0``; pass
 ``connect_args={"prepare_threshold": None}`` behind a pooler that cannot keep them), and a
 pooled connection is checked with a round trip only when it has been idle for
-:data:`PING_AFTER_IDLE_S` (a connector's back-to-back units do not pay one each).
+:data:`PING_AFTER_IDLE_S` (a connector's back-to-back units do not pay one each). Each new
+connection creates the admission index's functions in its temporary schema
+(:mod:`admission_plane.store.session_functions`), unless ``prepare_threshold`` is ``None``.
 
 The two ways a transaction begins share :data:`SQLITE_BEGIN`: the unit of work issues it on
 the driver connection itself (the hot path never goes through a SQLAlchemy ``Connection``),
@@ -36,6 +38,7 @@ from sqlalchemy.exc import ArgumentError, DisconnectionError, NoSuchModuleError
 
 from .. import _validate as v
 from ..errors import InvalidInputError
+from . import session_functions
 
 #: The environment variable naming the database when no URL is given (CLI, ``alembic``).
 DATABASE_URL_VARIABLE = "ADMISSION_PLANE_DATABASE_URL"
@@ -118,6 +121,8 @@ def create_admission_engine(
     engine = _create_engine(parsed, connect_args=connect_args, **engine_options)
     if not engine_options.get("pool_pre_ping"):
         _install_idle_ping(engine)
+    if connect_args["prepare_threshold"] is not None:  # None: behind a pooler, no session state
+        event.listen(engine, "connect", session_functions.install)
     return engine
 
 

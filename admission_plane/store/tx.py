@@ -27,6 +27,7 @@ from sqlalchemy.sql.expression import UpdateBase
 
 from .doorbell import Chimes
 from .rows import Row
+from .session_functions import FUNCTIONS_KEY
 
 _SQLITE_NAMED = sqlite.dialect(paramstyle="named")
 
@@ -46,17 +47,25 @@ class Statement:
     per-statement defaults; named ``bindparam("x")`` parameters must be supplied per call.
     """
 
-    __slots__ = ("_compiled", "_constructs")
+    __slots__ = ("_compiled", "_constructs", "only")
 
-    def __init__(self, construct: Construct, **per_dialect: Construct) -> None:
+    def __init__(self, construct: Construct, *, only: str | None = None, **per_dialect: Construct) -> None:
         self._constructs: dict[str, Construct] = {"default": construct, **per_dialect}
         self._compiled: dict[str, tuple[str, dict[str, Any]]] = {}
+        #: The one dialect the statement is written for (``None``: every dialect).
+        self.only = only
+
+    def supports(self, dialect: Dialect) -> bool:
+        """Whether the statement can run on ``dialect``."""
+        return self.only is None or self.only == dialect.name
 
     def compiled(self, dialect: Dialect) -> tuple[str, dict[str, Any]]:
         """The SQL text for ``dialect`` and its default parameters (compiled on first use)."""
         name = dialect.name
         entry = self._compiled.get(name)
         if entry is None:
+            if not self.supports(dialect):
+                raise ValueError(f"statement is written for {self.only}, not {name}")
             construct = self._constructs.get(name, self._constructs["default"])
             target = _SQLITE_NAMED if name == "sqlite" else dialect
             compiled = construct.compile(dialect=target)
@@ -71,6 +80,11 @@ class Statement:
         """The SQL text for ``dialect``."""
         return self.compiled(dialect)[0]
 
+    @property
+    def construct(self) -> Construct:
+        """The construct compiled for every dialect without one of its own."""
+        return self._constructs["default"]
+
 
 class Query(Statement, Generic[R]):
     """A ``SELECT`` whose rows become ``record`` values.
@@ -81,8 +95,10 @@ class Query(Statement, Generic[R]):
 
     __slots__ = ("record",)
 
-    def __init__(self, construct: AnySelect, record: type[R], **per_dialect: Construct) -> None:
-        super().__init__(construct, **per_dialect)
+    def __init__(
+        self, construct: AnySelect, record: type[R], *, only: str | None = None, **per_dialect: Construct
+    ) -> None:
+        super().__init__(construct, only=only, **per_dialect)
         labels = tuple(column.key for column in construct.selected_columns)
         fields = tuple(field.name for field in attrs.fields(record))
         if labels != fields:
@@ -103,11 +119,16 @@ class Tx:
     marks the statements a batching driver could send with the next round trip).
     """
 
-    __slots__ = ("_cursor", "deferred", "dialect", "rings", "shared")
+    __slots__ = ("_connection", "_cursor", "_pending", "deferred", "dialect", "functions", "rings", "shared")
 
-    def __init__(self, dbapi_connection: DBAPIConnection, dialect: Dialect, *, shared: bool = False) -> None:
+    def __init__(
+        self, dbapi_connection: DBAPIConnection, dialect: Dialect, *, shared: bool = False, batched: bool = False
+    ) -> None:
         self.dialect = dialect
+        self._connection = dbapi_connection
         self._cursor: DBAPICursor = dbapi_connection.cursor()
+        #: PostgreSQL, inside a transaction the unit commits: what :meth:`send` holds back (see there).
+        self._pending: list[tuple[Statement, Mapping[str, Any] | None]] | None = [] if batched else None
         #: What this transaction adds to the admission doorbell, announced once it commits.
         self.rings = Chimes()
         #: Whether this unit may run beside other lease units (PostgreSQL's shared gate; see
@@ -115,6 +136,9 @@ class Tx:
         self.shared = shared
         #: PostgreSQL: constant statements sent with ``COMMIT`` in its round trip (:meth:`defer`).
         self.deferred: list[str] = []
+        #: PostgreSQL: whether the connection holds the admission index functions
+        #: (:mod:`admission_plane.store.session_functions`).
+        self.functions: bool = bool(getattr(dbapi_connection, "info", {}).get(FUNCTIONS_KEY, False))
 
     def defer(self, sql: str) -> None:
         """PostgreSQL: run the constant, parameterless ``sql`` at commit, in the commit's round trip (an insert
@@ -140,6 +164,8 @@ class Tx:
         cursor.execute(sql, prepare=False)
 
     def _run(self, statement: Statement, params: Mapping[str, Any] | None) -> DBAPICursor:
+        if self._pending:
+            self._flush()
         sql, defaults = statement.compiled(self.dialect)
         if defaults:
             params = {**defaults, **params} if params else defaults
@@ -148,8 +174,40 @@ class Tx:
         return cursor
 
     def send(self, statement: Statement, params: Mapping[str, Any] | None = None) -> None:
-        """Run a statement whose result is not read."""
+        """Run a statement whose result is not read.
+
+        PostgreSQL, in a unit's transaction: it is held back until the next statement, which sends
+        it first (so every statement still sees it), or until the commit, whose round trip then
+        carries it as literal text (:meth:`closing`): a unit that ends with writes nobody reads pays
+        no round trip for them. Its failure (a constraint) surfaces there instead of here, and fails
+        the unit the same way; nothing in the library catches a ``send``'s error.
+        """
+        if self._pending is not None:
+            self._pending.append((statement, params))
+            return
         self._run(statement, params)
+
+    def _flush(self) -> None:
+        pending = self._pending or []
+        self._pending = []
+        for statement, params in pending:
+            self._run(statement, params)
+
+    def closing(self) -> list[str]:
+        """PostgreSQL: the statements the commit's round trip carries before ``COMMIT``: the sends still
+        held back, with their values as literals (quoted by the driver), then :meth:`defer`'s texts."""
+        if not self._pending:
+            return self.deferred
+        from psycopg import ClientCursor  # only PostgreSQL units batch their sends
+
+        raw: Any = getattr(self._connection, "dbapi_connection", self._connection)
+        with ClientCursor(raw) as cursor:
+            texts = []
+            for statement, params in self._pending:
+                sql, defaults = statement.compiled(self.dialect)
+                texts.append(cursor.mogrify(sql, {**defaults, **params} if params else defaults))
+        self._pending = []
+        return [*texts, *self.deferred]
 
     def execute(self, statement: Statement, params: Mapping[str, Any] | None = None) -> int:
         """Run a statement; return its row count."""

@@ -46,8 +46,10 @@ Why this is enough to serialise admission:
 
   Round trips: the driver connection is used in autocommit mode and the unit opens its
   transaction itself, ``BEGIN`` and the gate in one round trip (constant text, the simple
-  query protocol), and ends it with ``NOTIFY`` and ``COMMIT`` in one more; every other
-  statement is prepared on the server (``prepare_threshold=0``, :mod:`.engine`). psycopg's
+  query protocol), and ends it with ``NOTIFY`` and ``COMMIT`` in one more, which also carries
+  the writes nobody in the unit reads back (the journal's event, the sends still held back:
+  :meth:`~admission_plane.store.tx.Tx.send`); every other statement is prepared on the server
+  (``prepare_threshold=0``, :mod:`.engine`). psycopg's
   own implicit ``BEGIN`` and the pool's pre-ping would each cost a round trip per unit.
   (psycopg's pipeline mode, tried too, was slower here than these plain round trips.)
   Read-only units take no lock and no transaction (autocommit; each READ COMMITTED
@@ -173,7 +175,7 @@ class UnitOfWork:
         raw.autocommit = True
         if self._gate_mode is None:
             return Tx(connection, dialect)  # read-only: each statement is its own snapshot anyway
-        tx = Tx(connection, dialect, shared=self._gate_mode is Gate.LEASE)
+        tx = Tx(connection, dialect, shared=self._gate_mode is Gate.LEASE, batched=True)
         tx.command(_BEGIN_SHARED if self._gate_mode is Gate.LEASE else _BEGIN_EXCLUSIVE)
         self._open = True
         return tx
@@ -208,7 +210,7 @@ class UnitOfWork:
                 # NOTIFY is delivered by the server only if, and when, the transaction commits.
                 rings = self.tx.rings
                 ending = f"SELECT pg_notify('{CHANNEL}', '{rings.payload()}'); COMMIT" if rings else "COMMIT"
-                self.tx.command("; ".join((*self.tx.deferred, ending)))
+                self.tx.command("; ".join((*self.tx.closing(), ending)))
             self._committed = True
             return
         self._connection.commit()

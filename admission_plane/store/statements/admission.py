@@ -6,13 +6,18 @@ The admission rule itself walks the admission index (:mod:`.queue`,
 
 from __future__ import annotations
 
-from sqlalchemy import and_, exists, func, select, tuple_
+from typing import Any
+
+from sqlalchemy import ScalarSelect, Select, and_, exists, func, literal_column, select, tuple_
+from sqlalchemy.dialects.postgresql import aggregate_order_by
 
 from ...states import SEAT_PHASES, RequestState
 from ..model import Cooldown, Lease, StartHistory, TurnPayload, TurnRequest
 from ..rows import Candidate, QueuedEntry
-from ..tx import Query, Scalar
+from ..tx import Query, Scalar, Statement
 from ._build import P, lit, one, one_of
+from .policy import SELECT_POLICY
+from .queue import SELECT_ACTIVE_COOLDOWNS, SELECT_KEYS, SELECT_PAUSES, SELECT_SEATS
 
 R, L, C, PL, SH = TurnRequest, Lease, Cooldown, TurnPayload, StartHistory
 QUEUED = RequestState.QUEUED
@@ -24,6 +29,45 @@ ANY_EXPIRED: Scalar[int] = Scalar(select(one()).where(R.state == lit(QUEUED), R.
 
 COUNT_SEAT_LEASES: Scalar[int] = Scalar(select(func.count()).select_from(L).where(one_of(L.phase, SEAT_PHASES)))
 RECENT_START: Scalar[int] = Scalar(select(one()).where(SH.started_at > P("cutoff")).limit(1))
+
+
+def _select(statement: Statement) -> Select[Any]:
+    construct = statement.construct
+    assert isinstance(construct, Select), "a query's construct is a SELECT"
+    return construct
+
+
+def _json_row(query: Query[Any]) -> ScalarSelect[Any]:
+    """The query's first row as a JSON array of its columns, in order (``NULL``: no row)."""
+    rows = _select(query).subquery()
+    return select(func.json_build_array(*rows.c)).select_from(rows).limit(1).scalar_subquery()
+
+
+def _json_rows(query: Query[Any], *order: str) -> ScalarSelect[Any]:
+    """Every row of the query as a JSON array of JSON arrays (``[]``: none), sorted by ``order``."""
+    rows = _select(query).subquery()
+    row = func.json_build_array(*rows.c)
+    rows_json = func.json_agg(aggregate_order_by(row, *(rows.c[name] for name in order)) if order else row)
+    return select(func.coalesce(rows_json, literal_column("'[]'::json"))).select_from(rows).scalar_subquery()
+
+
+#: PostgreSQL: everything an admission or a waiter's look reads before the rule walks the index, in one
+#: statement instead of six: whether a queued request is past its deadline, the latest start, the policy
+#: row (``SELECT_POLICY``) and the rows of ``SELECT_SEATS``, ``SELECT_ACTIVE_COOLDOWNS``, ``SELECT_PAUSES``
+#: and ``SELECT_KEYS`` (in its order), each row a JSON array in its statement's column order. One
+#: statement is one snapshot too (READ COMMITTED takes one per statement).
+ADMISSION_READS = Statement(
+    select(
+        _select(ANY_EXPIRED).exists().label("expired"),
+        select(func.max(SH.started_at)).scalar_subquery().label("latest_start"),
+        _json_row(SELECT_POLICY).label("policy"),
+        _json_rows(SELECT_SEATS).label("seats"),
+        _json_rows(SELECT_ACTIVE_COOLDOWNS).label("cooldowns"),
+        _json_rows(SELECT_PAUSES).label("pauses"),
+        _json_rows(SELECT_KEYS, "lane", "head_enqueued_at", "head_request_id").label("keys"),
+    ),
+    only="postgresql",
+)
 
 #: The request the rule chose, still queued, and its last lease generation.
 SELECT_CANDIDATE = Query(

@@ -10,7 +10,7 @@ next member, level by level, and stops at the first level whose head it was not.
 
 from __future__ import annotations
 
-from sqlalchemy import delete, insert, select, tuple_, update
+from sqlalchemy import delete, func, insert, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -102,6 +102,25 @@ def _level(
 DROP_SESSION, MOVE_SESSION_HEAD = _level(QS, _SESSION, _SESSION_MEMBERS)
 DROP_AGENT, MOVE_AGENT_HEAD = _level(QA, _AGENT, _AGENT_MEMBERS)
 DROP_KEY, MOVE_KEY_HEAD = _level(QK, _KEY, _KEY_MEMBERS)
+
+#: PostgreSQL, a connection holding the session functions (:mod:`admission_plane.store.session_functions`):
+#: the whole chain of ``INSERT_ENTRY`` and the ``LOWER_*_HEAD`` statements, or of ``DELETE_ENTRY`` and the
+#: ``DROP_*``/``MOVE_*`` statements, as one call.
+QUEUE_ADD = Statement(
+    select(
+        func.pg_temp.admission_plane_queue_add(
+            P("request_id"),
+            P("lane"),
+            P("provider"),
+            P("model"),
+            P("agent_id"),
+            P("session_id"),
+            P("enqueued_at"),
+        )
+    ),
+    only="postgresql",
+)
+QUEUE_REMOVE = Statement(select(func.pg_temp.admission_plane_queue_remove(P("request_id"))), only="postgresql")
 
 # --- what admission reads -----------------------------------------------------------------------
 

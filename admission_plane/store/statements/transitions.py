@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import BigInteger, Text, cast, delete, func, insert, select, update
 
 from ...states import LeaseEffect
 from ..model import Lease, PolicyState, TurnPayload, TurnRequest
@@ -35,6 +35,42 @@ INSERT_LEASE = Statement(
         acquired_at=P("now"),
         heartbeat_at=P("now"),
     )
+)
+#: PostgreSQL, a connection holding the session functions: ``RESERVE_REQUEST`` with the next
+#: generation, ``INSERT_LEASE`` and the admission index's removal (``QUEUE_REMOVE``) as one
+#: statement, inside the admission's lock. Its row: the new generation and the leases inserted
+#: (no row: the request is no longer queued, and nothing changed).
+_reserved = (
+    update(R)
+    .where(R.request_id == P("request_id"), R.state == P("source"))
+    .values(state=P("target"), lease_generation=R.lease_generation + 1)
+    .returning(R.request_id, R.lease_generation)
+    .cte("reserved")
+)
+_new_lease = (
+    insert(L)
+    .from_select(
+        ["lease_id", "request_id", "generation", "owner_instance_id", "phase", "acquired_at", "heartbeat_at"],
+        select(
+            cast(P("lease_id"), Text),
+            _reserved.c.request_id,
+            _reserved.c.lease_generation,
+            cast(P("owner_instance_id"), Text),
+            cast(P("target"), Text),
+            cast(P("now"), BigInteger),
+            cast(P("now"), BigInteger),
+        ),
+    )
+    .returning(L.lease_id)
+    .cte("new_lease")
+)
+ADMIT_REQUEST = Statement(
+    select(
+        _reserved.c.lease_generation,
+        select(func.count()).select_from(_new_lease).scalar_subquery().label("leases"),
+        func.pg_temp.admission_plane_queue_remove(_reserved.c.request_id).label("dequeued"),
+    ).select_from(_reserved),
+    only="postgresql",
 )
 #: A queued request leaves the queue without a lease (cancelled, timed out, owner gone).
 END_QUEUED_REQUEST = Statement(

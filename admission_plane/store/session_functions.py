@@ -1,0 +1,146 @@
+"""PostgreSQL: the admission index's chains of statements as one server-side call each.
+
+Why: keeping the admission index (:mod:`admission_plane.store.statements.queue`) in step is a
+chain of statements, each deciding whether the next runs (a group's head is lowered, or moved
+on, only while the level below changed). On PostgreSQL each is a round trip and a turn of the
+driver's Python, about a tenth of a turn's statements. The two functions below run the same
+chains on the server, statement for statement and in the same order as
+:func:`admission_plane.service._queue_index.add` and ``remove``, so one call replaces each chain
+(:data:`admission_plane.store.statements.queue.QUEUE_ADD` and ``QUEUE_REMOVE``).
+
+Why ``pg_temp`` and not the schema: they are created per connection, when the pool opens it, in
+the connection's own temporary schema, from the text in this module. So the functions a
+connection runs always come from the same library version as the statements around them
+(two versions of the library may share one database during a rolling upgrade), nothing is
+installed that a migration would have to track or the schema check verify, and a database
+administrator's schema holds the tables only. A connection that cannot create them (a
+read-only role, a transaction pooler that does not keep session state: pass
+``connect_args={"prepare_threshold": None}`` there, which turns them off too) runs the
+statements one by one, as SQLite does; :attr:`admission_plane.store.tx.Tx.functions` says which applies.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+__all__ = ["FUNCTIONS_KEY", "INSTALL", "install"]
+
+#: The pool record's ``info`` key that says whether a connection holds the functions.
+FUNCTIONS_KEY = "admission_plane_session_functions"
+
+_LOG = logging.getLogger(__name__)
+
+_KEY = "g.lane = p_lane AND g.provider = p_provider AND g.model = p_model"
+_AGENT = f"{_KEY} AND g.agent_id = p_agent"
+_SESSION = f"{_AGENT} AND g.session_id = p_session"
+
+
+def _lower(table: str, columns: str, values: str, conflict: str, last: bool) -> str:
+    """Insert a group's head, or lower it to the new entry when that is older; stop when unchanged."""
+    stop = "" if last else "\n  IF NOT FOUND THEN RETURN; END IF;"
+    return (
+        f"\n  INSERT INTO {table} AS g ({columns}, head_enqueued_at, head_request_id)"
+        f"\n    VALUES ({values}, p_at, p_request)"
+        f"\n    ON CONFLICT ({conflict}) DO UPDATE SET head_enqueued_at = p_at, head_request_id = p_request"
+        f"\n    WHERE (p_at, p_request) < (g.head_enqueued_at, g.head_request_id);{stop}"
+    )
+
+
+_ADD = (
+    "CREATE OR REPLACE FUNCTION pg_temp.admission_plane_queue_add("
+    "p_request text, p_lane text, p_provider text, p_model text, p_agent text, p_session text, p_at bigint) "
+    "RETURNS void LANGUAGE plpgsql AS $fn$\nBEGIN"
+    "\n  INSERT INTO queue_entries (request_id, lane, provider, model, agent_id, session_id, enqueued_at)"
+    "\n    VALUES (p_request, p_lane, p_provider, p_model, p_agent, p_session, p_at);"
+    + _lower(
+        "queue_sessions",
+        "lane, provider, model, agent_id, session_id",
+        "p_lane, p_provider, p_model, p_agent, p_session",
+        "lane, provider, model, agent_id, session_id",
+        False,
+    )
+    + _lower(
+        "queue_agents",
+        "lane, provider, model, agent_id",
+        "p_lane, p_provider, p_model, p_agent",
+        "lane, provider, model, agent_id",
+        False,
+    )
+    + _lower("queue_keys", "lane, provider, model", "p_lane, p_provider, p_model", "lane, provider, model", True)
+    + "\nEND\n$fn$"
+)
+
+
+def _level(table: str, group: str, members: str, in_group: str, at: str, request: str, last: bool) -> str:
+    """A group whose head departed: dropped if empty, else its head moved on; stop when neither happened."""
+    oldest = f"SELECT m.{at}, m.{request} FROM {members} m WHERE {in_group} ORDER BY m.{at}, m.{request} LIMIT 1"
+    stop = "" if last else "\n    IF NOT FOUND THEN RETURN; END IF;"
+    return (
+        f"\n  DELETE FROM {table} g WHERE {group} AND g.head_request_id = p_request"
+        f"\n    AND NOT EXISTS (SELECT 1 FROM {members} m WHERE {in_group});"
+        f"\n  IF NOT FOUND THEN"
+        f"\n    UPDATE {table} g SET (head_enqueued_at, head_request_id) = ({oldest})"
+        f"\n      WHERE {group} AND g.head_request_id = p_request;{stop}"
+        f"\n  END IF;"
+    )
+
+
+def _members(*columns: str) -> str:
+    return " AND ".join(f"m.{column} = g.{column}" for column in columns)
+
+
+_REMOVE = (
+    "CREATE OR REPLACE FUNCTION pg_temp.admission_plane_queue_remove(p_request text) "
+    "RETURNS void LANGUAGE plpgsql AS $fn$\nDECLARE"
+    "\n  p_lane text; p_provider text; p_model text; p_agent text; p_session text;\nBEGIN"
+    "\n  DELETE FROM queue_entries WHERE request_id = p_request"
+    "\n    RETURNING lane, provider, model, agent_id, session_id INTO p_lane, p_provider, p_model, p_agent, p_session;"
+    "\n  IF NOT FOUND THEN RETURN; END IF;"
+    + _level(
+        "queue_sessions",
+        _SESSION,
+        "queue_entries",
+        _members("lane", "provider", "model", "agent_id", "session_id"),
+        "enqueued_at",
+        "request_id",
+        False,
+    )
+    + _level(
+        "queue_agents",
+        _AGENT,
+        "queue_sessions",
+        _members("lane", "provider", "model", "agent_id"),
+        "head_enqueued_at",
+        "head_request_id",
+        False,
+    )
+    + _level(
+        "queue_keys",
+        _KEY,
+        "queue_agents",
+        _members("lane", "provider", "model"),
+        "head_enqueued_at",
+        "head_request_id",
+        True,
+    )
+    + "\nEND\n$fn$"
+)
+
+#: The text that creates both functions on a connection (one round trip, the simple query protocol).
+INSTALL = f"{_ADD}; {_REMOVE}"
+
+
+def install(dbapi_connection: Any, record: Any) -> None:
+    """Create the functions on a new PostgreSQL connection; remember in ``record.info`` whether that worked."""
+    autocommit = dbapi_connection.autocommit
+    try:
+        dbapi_connection.autocommit = True
+        dbapi_connection.execute(INSTALL, prepare=False)
+    except dbapi_connection.Error as error:  # a read-only role, a pooler without session state: statements then
+        _LOG.debug("admission index functions not created (%s); using statements", type(error).__name__)
+        record.info[FUNCTIONS_KEY] = False
+    else:
+        record.info[FUNCTIONS_KEY] = True
+    finally:
+        dbapi_connection.autocommit = autocommit
