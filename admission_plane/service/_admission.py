@@ -18,7 +18,7 @@ import attrs
 from .. import _validate as v
 from ..states import EventKind, RequestState
 from ..store.doorbell import EVERYONE_STEP, Chimes
-from ..store.rows import CooldownRow, EntryRow, KeyHeadRow, PauseRow, PolicyRow, SeatRow
+from ..store.rows import CooldownRow, EntryRow, KeyHeadRow, MemberHeadRow, PauseRow, PolicyRow, SeatRow
 from ..store.statements.admission import (
     ADMISSION_READS,
     ANY_EXPIRED,
@@ -271,7 +271,7 @@ def read_state(ctx: PlaneContext, tx: Tx, now: int, *, expire: bool) -> tuple[_p
         return policy, Facts.read(tx, now, policy.policy), read_keys(tx)
     row = tx.row(ADMISSION_READS, {"now": now})
     assert row is not None, "a SELECT without FROM returns one row"
-    expired, latest_start, policy_row, seats, cooldowns, pauses, keys = row
+    expired, latest_start, policy_row, seats, cooldowns, pauses, keys, first_agents = row
     if expired:
         if not expire:
             return None
@@ -287,6 +287,8 @@ def read_state(ctx: PlaneContext, tx: Tx, now: int, *, expire: bool) -> tuple[_p
         map(PauseRow.from_row, pauses),
     )
     facts.latest_start, facts.latest_start_read = latest_start, True
+    for lane, provider, model, *head in first_agents:
+        facts.first_agents.setdefault((lane, provider, model), []).append(MemberHeadRow.from_row(head))
     return policy, facts, keys_of(map(KeyHeadRow.from_row, keys))
 
 

@@ -48,6 +48,7 @@ import attrs
 from ..policy import Policy
 from ..states import START_WINDOW_PHASES
 from ..store.rows import CooldownRow, KeyHeadRow, MemberHeadRow, PauseRow, SeatRow
+from ..store.statements.admission import AGENT_PAGE_SIZE
 from ..store.statements.queue import (
     AGENT_PAGE,
     DELETE_CREDITS,
@@ -63,7 +64,7 @@ from ..store.tx import Query, Tx
 from ._budgets import Book
 
 #: Heads read per page while walking a group's members.
-PAGE = 8
+PAGE = AGENT_PAGE_SIZE
 #: How many idle agents ahead a waiter counts (:func:`idle_agents_ahead`): the count is then a
 #: lower bound, and the look's cost does not grow with the queue.
 RANK_HORIZON = 64
@@ -161,6 +162,9 @@ class Facts:
     #: it only when the start interval needs it (``latest_start_read`` is then ``False``).
     latest_start: int | None = None
     latest_start_read: bool = False
+    #: PostgreSQL: the first page of agents (``AGENT_PAGE``, :data:`PAGE` heads) of the keys with the
+    #: oldest heads, read with the rest, by (lane, provider, model).
+    first_agents: dict[tuple[str, str, str], list[MemberHeadRow]] = attrs.field(factory=dict)
 
     @classmethod
     def read(cls, tx: Tx, now: int, policy: Policy) -> Facts:
@@ -375,7 +379,8 @@ def _best_idle_agent(
     """The best request of an agent holding no seat in this key, if it beats ``best``."""
     params = {"lane": lane, "provider": key.provider, "model": key.model}
     found: Offer | None = None
-    for member in _pages(tx, AGENT_PAGE, params):
+    first = facts.first_agents.get((lane, key.provider, key.model))
+    for member in _pages(tx, AGENT_PAGE, params, first=first):
         head = (member.head_enqueued_at, member.head_request_id)
         bound = found or best
         if bound is not None and head >= bound.head:
@@ -464,10 +469,20 @@ def _idle_agents_before(
 
 
 def _pages(
-    tx: Tx, query: Query[MemberHeadRow], params: dict[str, str], page_size: int = PAGE
+    tx: Tx,
+    query: Query[MemberHeadRow],
+    params: dict[str, str],
+    page_size: int = PAGE,
+    first: list[MemberHeadRow] | None = None,
 ) -> Iterable[MemberHeadRow]:
-    """A group's members in head order, read a page at a time (most walks stop in the first)."""
+    """A group's members in head order, read a page at a time (most walks stop in the first);
+    ``first``: the first page, already read (PostgreSQL reads the busiest keys' with the facts)."""
     after: Head = _START
+    if first is not None:
+        yield from first
+        if len(first) < page_size:
+            return
+        after = (first[-1].head_enqueued_at, first[-1].head_request_id)
     while True:
         page = tx.all(query, {**params, "after_enqueued_at": after[0], "after_request_id": after[1], "page": page_size})
         yield from page

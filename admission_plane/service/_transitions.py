@@ -115,7 +115,7 @@ def free_lease(
     ctx: PlaneContext, tx: Tx, lease: LeaseRow, event: EventKind, target: str, now: int, source: str | None = None
 ) -> str | None:
     """:func:`change` for an edge that deletes ``lease``; the policy's drain state if the same
-    statement read it (PostgreSQL), else ``None``."""
+    statement read it (PostgreSQL; ``''``: no durable policy), else ``None``."""
     moved = edge(event, lease.phase if source is None else source, target)
     if moved.lease is not LeaseEffect.DELETE:
         raise AdmissionStateError("the edge does not free the lease's seat")
@@ -175,7 +175,7 @@ def admit_at_once(
 
 def _move_lease(ctx: PlaneContext, tx: Tx, lease: LeaseRow, move: Transition, now: int) -> str | None:
     """Apply a lease edge; on PostgreSQL, when it deletes the lease, return the policy's drain state
-    read by the same statement (``None``: not read)."""
+    read by the same statement (``''``: no durable policy; ``None``: not read)."""
     fence = {
         "lease_id": lease.lease_id,
         "owner_instance_id": lease.owner_instance_id,

@@ -17,7 +17,7 @@ from ..rows import Candidate, QueuedEntry
 from ..tx import Query, Scalar, Statement
 from ._build import P, lit, one, one_of
 from .policy import SELECT_POLICY
-from .queue import SELECT_ACTIVE_COOLDOWNS, SELECT_KEYS, SELECT_PAUSES, SELECT_SEATS
+from .queue import QA, QK, SELECT_ACTIVE_COOLDOWNS, SELECT_KEYS, SELECT_PAUSES, SELECT_SEATS
 
 R, L, C, PL, SH = TurnRequest, Lease, Cooldown, TurnPayload, StartHistory
 QUEUED = RequestState.QUEUED
@@ -45,17 +45,37 @@ def _json_row(query: Query[Any]) -> ScalarSelect[Any]:
 
 def _json_rows(query: Query[Any], *order: str) -> ScalarSelect[Any]:
     """Every row of the query as a JSON array of JSON arrays (``[]``: none), sorted by ``order``."""
-    rows = _select(query).subquery()
+    return _json_select(_select(query), *order)
+
+
+def _json_select(construct: Select[Any], *order: str) -> ScalarSelect[Any]:
+    rows = construct.subquery()
     row = func.json_build_array(*rows.c)
     rows_json = func.json_agg(aggregate_order_by(row, *(rows.c[name] for name in order)) if order else row)
     return select(func.coalesce(rows_json, literal_column("'[]'::json"))).select_from(rows).scalar_subquery()
 
 
+#: How many keys (the oldest heads first) :data:`ADMISSION_READS` reads the first page of agents of.
+FIRST_PAGE_KEYS = 4
+#: How many agents a page holds (``service._selection.PAGE``).
+AGENT_PAGE_SIZE = 8
+_first_keys = select(QK).order_by(QK.head_enqueued_at, QK.head_request_id).limit(FIRST_PAGE_KEYS).subquery("k")
+_first_agents = (
+    select(QA.lane, QA.provider, QA.model, QA.agent_id.label("member"), QA.head_enqueued_at, QA.head_request_id)
+    .where(QA.lane == _first_keys.c.lane, QA.provider == _first_keys.c.provider, QA.model == _first_keys.c.model)
+    .order_by(QA.head_enqueued_at, QA.head_request_id)
+    .limit(AGENT_PAGE_SIZE)
+    .lateral("a")
+)
+#: The first page of agents of each of those keys: ``(lane, provider, model, member, head_enqueued_at,
+#: head_request_id)``, in head order within each key.
+FIRST_AGENTS = select(*_first_agents.c).select_from(_first_keys.join(_first_agents, literal_column("TRUE")))
+
 #: PostgreSQL: everything an admission or a waiter's look reads before the rule walks the index, in one
-#: statement instead of six: whether a queued request is past its deadline, the latest start, the policy
-#: row (``SELECT_POLICY``) and the rows of ``SELECT_SEATS``, ``SELECT_ACTIVE_COOLDOWNS``, ``SELECT_PAUSES``
-#: and ``SELECT_KEYS`` (in its order), each row a JSON array in its statement's column order. One
-#: statement is one snapshot too (READ COMMITTED takes one per statement).
+#: statement instead of seven: whether a queued request is past its deadline, the latest start, the policy
+#: row (``SELECT_POLICY``), the rows of ``SELECT_SEATS``, ``SELECT_ACTIVE_COOLDOWNS``, ``SELECT_PAUSES``
+#: and ``SELECT_KEYS`` (in its order), and :data:`FIRST_AGENTS`; each row a JSON array in its statement's
+#: column order. One statement is one snapshot too (READ COMMITTED takes one per statement).
 ADMISSION_READS = Statement(
     select(
         _select(ANY_EXPIRED).exists().label("expired"),
@@ -65,6 +85,9 @@ ADMISSION_READS = Statement(
         _json_rows(SELECT_ACTIVE_COOLDOWNS).label("cooldowns"),
         _json_rows(SELECT_PAUSES).label("pauses"),
         _json_rows(SELECT_KEYS, "lane", "head_enqueued_at", "head_request_id").label("keys"),
+        _json_select(FIRST_AGENTS, "lane", "provider", "model", "head_enqueued_at", "head_request_id").label(
+            "first_agents"
+        ),
     ),
     only="postgresql",
 )

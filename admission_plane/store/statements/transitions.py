@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import BigInteger, Text, cast, delete, func, insert, select, update
+from sqlalchemy import BigInteger, Text, cast, delete, func, insert, literal, select, update
 
 from ...states import LeaseEffect
 from ..model import Lease, PolicyState, TurnPayload, TurnRequest
@@ -110,7 +110,8 @@ def _count(cte: Any) -> Any:
 @functools.cache
 def combined_edge(effect: LeaseEffect, terminal: bool, payload: bool) -> Statement:
     """The PostgreSQL statement of a lease edge: ``SELECT`` of the changed leases, requests,
-    deleted payloads (when ``payload``) and, when the lease is deleted, the policy's drain state."""
+    deleted payloads (when ``payload``) and, when the lease is deleted, the policy's drain state
+    (``''``: no durable policy)."""
     if effect is LeaseEffect.MOVE:
         lease: Any = SET_LEASE_PHASE_CONSTRUCT
     elif effect is LeaseEffect.DELETE:
@@ -125,5 +126,7 @@ def combined_edge(effect: LeaseEffect, terminal: bool, payload: bool) -> Stateme
         payloads = DELETE_PAYLOAD_CONSTRUCT.returning(TurnPayload.request_id).cte("deleted_payload")
         columns.append(_count(payloads).label("payloads"))
     if effect is LeaseEffect.DELETE:
-        columns.append(select(PolicyState.drain_state).limit(1).scalar_subquery().label("drain_state"))
+        # ``''`` when no durable policy was claimed: read, and nothing is draining.
+        drain_state = select(PolicyState.drain_state).limit(1).scalar_subquery()
+        columns.append(func.coalesce(drain_state, literal("")).label("drain_state"))
     return Statement(select(*columns))
