@@ -1,0 +1,134 @@
+"""Admission's reads on both dialects, and the round trips a steady-state turn costs on PostgreSQL (issue 16).
+
+On PostgreSQL an admission reads its facts, the lanes' keys and the first page of agents of the keys with the
+oldest heads in one statement (``ADMISSION_READS``) and reserves in one (``ADMIT_REQUEST``). The walks below
+must therefore come out the same on SQLite, which reads each part with its own statement: past a full
+prefetched page, past the keys the prefetch covers, and with requests to time out first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from admission_index import assert_index_consistent
+from planes import PlaneFactory, activate, dispatch_record, enqueue
+
+from admission_plane import AdmissionPlane, LiveTurnCompletion, Policy, RequestState
+from admission_plane.service._selection import PAGE
+from admission_plane.store.statements.admission import FIRST_PAGE_KEYS
+
+ROOMY = Policy(32, 32, 0, 1_800_000, 30_000)
+POSTGRES_ONLY = pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+
+
+def busy(plane: AdmissionPlane, agent: str, model: str, now: int) -> None:
+    """``agent`` holds a seat (an active turn) and has one more request queued in ``model`` at ``now``."""
+    enqueue(plane, f"{agent}-held", agent, now - 500, model=model, session_id=f"s-{agent}")
+    lease = plane.admit_request(f"{agent}-held", now - 400, plane.owner_identity.owner_instance_id)
+    assert lease is not None
+    activate(plane, lease, now - 400)
+    enqueue(plane, f"{agent}-next", agent, now, model=model, session_id=f"s-{agent}")
+
+
+def test_an_idle_agent_behind_more_than_a_page_of_busy_agents_is_admitted(
+    make_plane: PlaneFactory, database_url: str
+) -> None:
+    """Idle agents go first: with more than one page of busy agents' heads ahead of it in the key, the idle
+    agent's request is the one admitted (the walk goes on past the first page, read with the facts on PostgreSQL)."""
+    plane = make_plane(policy=ROOMY)
+    for n in range(PAGE + 1):
+        busy(plane, f"busy-{n:02}", "m1", 10_000 + n)
+    enqueue(plane, "idle-request", "idle-agent", 20_000, model="m1", session_id="s-idle")
+    lease = plane.admit_next(30_000, plane.owner_identity.owner_instance_id)
+    assert lease is not None and lease.request_id == "idle-request"
+    assert_index_consistent(database_url)
+
+
+def test_an_idle_agent_in_a_key_past_the_prefetched_keys_is_admitted(
+    make_plane: PlaneFactory, database_url: str
+) -> None:
+    """With the oldest-headed keys holding only busy agents' requests, the idle agent's request in a later key is
+    admitted (keys beyond the ones whose first page is read with the facts are walked with their own statement)."""
+    plane = make_plane(policy=ROOMY)
+    for n in range(FIRST_PAGE_KEYS + 1):
+        busy(plane, f"busy-{n}", f"m{n}", 10_000 + n)
+    enqueue(plane, "idle-request", "idle-agent", 20_000, model="m-late", session_id="s-idle")
+    lease = plane.admit_next(30_000, plane.owner_identity.owner_instance_id)
+    assert lease is not None and lease.request_id == "idle-request"
+    assert_index_consistent(database_url)
+
+
+def test_admission_times_out_expired_requests_then_admits_the_rest(make_plane: PlaneFactory, database_url: str) -> None:
+    """A request past its queue deadline is timed out by the admission that finds it, which then admits the
+    next request in the same transaction; a waiter's look reports that a write is due."""
+    plane = make_plane(policy=Policy(4, 4, 0, 1_000, 30_000))
+    enqueue(plane, "stale", "agent-1", 1_000, expires_at=10_000_000)
+    enqueue(plane, "fresh", "agent-2", 5_000, expires_at=10_000_000)
+    lease = plane.admit_next(2_500, plane.owner_identity.owner_instance_id)
+    assert lease is not None and lease.request_id == "fresh"
+    stale = plane.get_request("stale")
+    assert stale is not None and stale.state == RequestState.QUEUE_TIMEOUT
+    assert_index_consistent(database_url)
+
+
+# --- PostgreSQL: round trips per operation -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Every statement sent through psycopg's ``Cursor.execute`` (a round trip each), in order."""
+    import psycopg
+
+    sent: list[str] = []
+    execute = psycopg.Cursor.execute
+
+    def counted(self: Any, query: Any, params: Any = None, **options: Any) -> Any:
+        sent.append(str(query))
+        return execute(self, query, params, **options)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counted)
+    yield sent
+
+
+@POSTGRES_ONLY
+def test_a_steady_state_turn_costs_its_documented_round_trips(
+    make_plane: PlaneFactory, statements: list[str]
+) -> None:
+    """On PostgreSQL a steady-state turn (after the connector's first) is 32 round trips, each unit's first being
+    ``BEGIN`` with the gate and its last ``COMMIT`` carrying the journal and the writes nobody reads back: enqueue
+    with payload 7; ``admit_request`` 5, a read-only look (one statement) then the admission's 4 (begin, the reads,
+    the reservation, commit; a waiter's first attempt skips the look); starting 6; dispatch intent 5; active 4;
+    completion 5 (no durable policy claimed). A change that adds a round trip to the hot path fails here."""
+    plane = make_plane(policy=ROOMY)
+    owner = plane.owner_identity.owner_instance_id
+
+    def turn(request_id: str, now: int) -> dict[str, int]:
+        counts: dict[str, int] = {}
+
+        def step(name: str, call: Any) -> Any:
+            statements.clear()
+            result = call()
+            counts[name] = len(statements)
+            return result
+
+        step("enqueue", lambda: enqueue(plane, request_id, "agent-1", now))
+        lease = step("admission", lambda: plane.admit_request(request_id, now + 1, owner))
+        assert lease is not None
+        step("starting", lambda: plane.mark_starting(lease, now + 2))
+        step("dispatch", lambda: plane.commit_dispatch_intent(dispatch_record(plane, lease)))
+        step("active", lambda: plane.mark_active(lease, now + 4))
+        step("completion", lambda: plane.complete_live_turn(lease, now + 5, LiveTurnCompletion("completed")))
+        return counts
+
+    turn("first", 10_000)  # the connector's record is written with its first request
+    counts = turn("second", 20_000)
+    assert counts == {
+        "enqueue": 7,
+        "admission": 5,
+        "starting": 6,
+        "dispatch": 5,
+        "active": 4,
+        "completion": 5,
+    }, counts
