@@ -108,7 +108,10 @@ def enqueue(ctx: PlaneContext, meta: Metadata, connector: ConnectorIdentity, now
 
     def work(tx: Tx) -> EnqueueResult:
         result, _lane = insert_request(ctx, tx, meta, now)
-        bind_owner(ctx, tx, meta.request_id, connector, now, result.existed)
+        if result.existed:
+            bind_owner(ctx, tx, meta.request_id, connector, now, True)
+        else:
+            bind_owner(ctx, tx, meta.request_id, connector, now, False, RequestStatus(S.QUEUED, None), created=True)
         return result
 
     return ctx.run(work, gate=ENQUEUE_GATE)
@@ -169,10 +172,13 @@ def bind_owner(
     now: int,
     request_existed: bool,
     status: RequestStatus | None = None,
+    *,
+    created: bool = False,
 ) -> None:
     """Record ``connector`` and bind the queued request to it (so its death can be settled).
 
-    ``status`` is the request's row when the caller already read and checked it here.
+    ``status`` is the request's row when the caller already read and checked it here; ``created``:
+    the caller's transaction inserted the request (queued, bound to no connector).
     """
     # This plane's own record, once seen committed, is never read again (a record is never deleted).
     known = connector is ctx.owner_identity and ctx.owner_recorded
@@ -202,7 +208,11 @@ def bind_owner(
             return
         raise AdmissionConflictError()
     params = {"request_id": request_id, "owner_instance_id": connector.owner_instance_id, "now": now}
-    if tx.execute(BIND_QUEUED_OWNER, params) != 1:
+    if created:
+        # Inserted by this very transaction, queued and unbound: the update cannot miss, so nothing
+        # waits for its row count (on PostgreSQL it travels with the commit, ``Tx.send``).
+        tx.send(BIND_QUEUED_OWNER, params)
+    elif tx.execute(BIND_QUEUED_OWNER, params) != 1:
         raise AdmissionConflictError()
 
 

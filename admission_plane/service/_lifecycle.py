@@ -82,7 +82,7 @@ from ..values import AdmittedLease, LeaseFence, LiveTurnCompletion, ReleasedLeas
 from ._budgets import settle
 from ._context import PlaneContext
 from ._policy import complete_drain_if_settled, effective
-from ._transitions import change, free_lease
+from ._transitions import change, free_lease, move_unread
 
 S, K = RequestState, EventKind
 
@@ -186,6 +186,9 @@ def move(
     v.timestamp(now, "activation timestamp" if target is S.ACTIVE else "lease transition timestamp")
 
     def work(tx: Tx) -> None:
+        # PostgreSQL: the fenced move first; only when it matched nothing is the lease read, for the refusal.
+        if tx.dialect.name == "postgresql" and move_unread(ctx, tx, fence_params(fence), event, source, target, now):
+            return
         lease = _in_phase(tx, fence, frozenset({source}), f"lease is not {source}")
         change(ctx, tx, lease, event, target, now)
 

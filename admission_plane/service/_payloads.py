@@ -49,7 +49,7 @@ def enqueue_with_payload(
         result, lane = insert_request(ctx, tx, meta, now)
         if not result.existed:
             # Created by this transaction: queued, bound to no connector yet, without a payload.
-            bind_owner(ctx, tx, meta.request_id, connector, now, False, RequestStatus(S.QUEUED, None))
+            bind_owner(ctx, tx, meta.request_id, connector, now, False, RequestStatus(S.QUEUED, None), created=True)
             entry = EntryRow(lane, meta.provider, meta.model, meta.agent_id, meta.session_id, now)
             _insert(tx, meta.request_id, sealed, fingerprint_hex, expires_at, now, entry)
             return result
@@ -133,8 +133,9 @@ def _insert(
     entry: EntryRow | None = None,
 ) -> None:
     """Store the sealed prompt of a queued request, which makes it admissible (it enters the admission index;
-    ``entry``: its place, when the caller knows it)."""
-    tx.execute(
+    ``entry``: its place, when the caller knows it). Nothing here reads the row back: on PostgreSQL it
+    travels with the commit (``Tx.send``)."""
+    tx.send(
         INSERT_PAYLOAD,
         {
             "request_id": request_id,

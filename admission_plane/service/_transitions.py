@@ -10,6 +10,7 @@ the subject inside the same transaction.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -40,6 +41,7 @@ from ..store.statements.transitions import (
     SET_LEASE_PHASE,
     SET_REQUEST_STATE,
     combined_edge,
+    unread_move,
 )
 from ..store.tx import Tx
 from . import _journal, _queue_index
@@ -171,6 +173,27 @@ def admit_at_once(
         raise AdmissionStateError("admitted request has no lease")
     _finish(ctx, tx, request_id, move, now)
     return int(generation)
+
+
+def move_unread(
+    ctx: PlaneContext, tx: Tx, fence: Mapping[str, object], event: EventKind, source: str, target: str, now: int
+) -> bool:
+    """PostgreSQL: :func:`change` of the lease ``fence`` names from phase ``source``, without reading the lease
+    first (``unread_move``: one round trip less). ``False`` when the fence or the phase did not match, and
+    nothing changed: the caller then reads the lease for the refusal. :class:`AdmissionStateError` when the
+    lease moved but its request was not in ``source``."""
+    move = edge(event, source, target)
+    if move.lease is not LeaseEffect.MOVE:
+        raise AdmissionStateError("the edge does not move the lease")
+    payload = move.target in PAYLOAD_DELETED_STATES
+    params = {**fence, "phase": source, "source": source, "target": move.target, "now": now}
+    row = tx.row(unread_move(move.target in TERMINAL_STATES, payload), params)
+    if row is None or row[0] != 1:
+        return False
+    if row[1] != 1:
+        raise AdmissionStateError(f"lease and request state diverged at {move.target}")
+    _finish(ctx, tx, row[-1], move, now, payload_deleted=payload)
+    return True
 
 
 def _move_lease(ctx: PlaneContext, tx: Tx, lease: LeaseRow, move: Transition, now: int) -> str | None:

@@ -1,9 +1,11 @@
-"""Admission's reads on both dialects, and the round trips a steady-state turn costs on PostgreSQL (issue 16).
+"""What PostgreSQL does in fewer round trips (issue 16), checked on both dialects, and the round trips themselves.
 
 On PostgreSQL an admission reads its facts, the lanes' keys and the first page of agents of the keys with the
-oldest heads in one statement (``ADMISSION_READS``) and reserves in one (``ADMIT_REQUEST``). The walks below
-must therefore come out the same on SQLite, which reads each part with its own statement: past a full
-prefetched page, past the keys the prefetch covers, and with requests to time out first.
+oldest heads in one statement (``ADMISSION_READS``) and reserves in one (``ADMIT_REQUEST``); a plain phase move
+(dispatch intent, active, ambiguous dispatch) runs its fenced update without reading the lease first. The cases
+below must therefore come out the same on SQLite, which reads each part with its own statement: walks past a
+full prefetched page and past the keys the prefetch covers, requests to time out first, and every refusal of a
+move, which must change nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +17,18 @@ import pytest
 from admission_index import assert_index_consistent
 from planes import PlaneFactory, activate, dispatch_record, enqueue
 
-from admission_plane import AdmissionPlane, LiveTurnCompletion, Policy, RequestState
+from dbutil import table_dump
+
+from admission_plane import (
+    AdmissionPlane,
+    AdmissionStateError,
+    LeaseFence,
+    LeaseFenceError,
+    LiveTurnCompletion,
+    Policy,
+    RequestState,
+    UnknownLeaseError,
+)
 from admission_plane.service._selection import PAGE
 from admission_plane.store.statements.admission import FIRST_PAGE_KEYS
 
@@ -73,6 +86,34 @@ def test_admission_times_out_expired_requests_then_admits_the_rest(make_plane: P
     assert_index_consistent(database_url)
 
 
+def test_a_refused_move_changes_nothing(make_plane: PlaneFactory, database_url: str) -> None:
+    """``mark_active`` with a stale generation, another owner, an unknown lease or from the wrong phase raises
+    its refusal and leaves every row as it was (the lease, its request and the payload it would delete)."""
+    plane = make_plane(policy=ROOMY)
+    enqueue(plane, "r", "agent-1", 1_000)
+    lease = plane.admit_request("r", 1_001, plane.owner_identity.owner_instance_id)
+    assert lease is not None
+    plane.mark_starting(lease, 1_002)
+    before = table_dump(database_url)
+    with pytest.raises(AdmissionStateError, match="lease is not dispatch_intent"):
+        plane.mark_active(lease, 1_003)  # still starting
+    assert plane.commit_dispatch_intent(dispatch_record(plane, lease)).ok
+    before = table_dump(database_url)
+    stale = LeaseFence(lease.lease_id, lease.generation + 1, lease.owner_instance_id)
+    with pytest.raises(LeaseFenceError):
+        plane.mark_active(stale, 1_004)
+    other = LeaseFence(lease.lease_id, lease.generation, "someone-else")
+    with pytest.raises(LeaseFenceError):
+        plane.mark_active(other, 1_004)
+    with pytest.raises(UnknownLeaseError):
+        plane.mark_active(LeaseFence("no-such-lease", 1, lease.owner_instance_id), 1_004)
+    assert table_dump(database_url) == before
+    plane.mark_active(lease, 1_005)
+    assert table_dump(database_url) != before
+    request = plane.get_request("r")
+    assert request is not None and request.state == RequestState.ACTIVE
+
+
 # --- PostgreSQL: round trips per operation -------------------------------------------------------------------------
 
 
@@ -96,10 +137,10 @@ def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 def test_a_steady_state_turn_costs_its_documented_round_trips(
     make_plane: PlaneFactory, statements: list[str]
 ) -> None:
-    """On PostgreSQL a steady-state turn (after the connector's first) is 32 round trips, each unit's first being
+    """On PostgreSQL a steady-state turn (after the connector's first) is 29 round trips, each unit's first being
     ``BEGIN`` with the gate and its last ``COMMIT`` carrying the journal and the writes nobody reads back: enqueue
-    with payload 7; ``admit_request`` 5, a read-only look (one statement) then the admission's 4 (begin, the reads,
-    the reservation, commit; a waiter's first attempt skips the look); starting 6; dispatch intent 5; active 4;
+    with payload 5; ``admit_request`` 5, a read-only look (one statement) then the admission's 4 (begin, the reads,
+    the reservation, commit; a waiter's first attempt skips the look); starting 6; dispatch intent 5; active 3;
     completion 5 (no durable policy claimed). A change that adds a round trip to the hot path fails here."""
     plane = make_plane(policy=ROOMY)
     owner = plane.owner_identity.owner_instance_id
@@ -125,10 +166,10 @@ def test_a_steady_state_turn_costs_its_documented_round_trips(
     turn("first", 10_000)  # the connector's record is written with its first request
     counts = turn("second", 20_000)
     assert counts == {
-        "enqueue": 7,
+        "enqueue": 5,
         "admission": 5,
         "starting": 6,
         "dispatch": 5,
-        "active": 4,
+        "active": 3,
         "completion": 5,
     }, counts
