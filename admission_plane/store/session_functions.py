@@ -1,4 +1,6 @@
-"""PostgreSQL: the admission index's chains of statements as one server-side call each.
+"""PostgreSQL: what each pooled connection is given when the pool opens it: generic plans for the plane's
+prepared statements (:data:`GENERIC_PLANS`), and the admission index's chains of statements as one
+server-side call each.
 
 Why: keeping the admission index (:mod:`admission_plane.store.statements.queue`) in step is a
 chain of statements, each deciding whether the next runs (a group's head is lowered, or moved
@@ -26,6 +28,7 @@ from typing import Any
 
 __all__ = ["FUNCTIONS_KEY", "INSTALL", "install"]
 
+_IDLE = 0  # libpq's PQTRANS_IDLE
 #: The pool record's ``info`` key that says whether a connection holds the functions.
 FUNCTIONS_KEY = "admission_plane_session_functions"
 
@@ -127,19 +130,32 @@ _REMOVE = (
     + "\nEND\n$fn$"
 )
 
+#: Every statement of the plane is prepared on the server once per connection (``prepare_threshold=0``),
+#: and its tables are small and keyed: a generic plan serves each execution as well as a fresh one.
+#: PostgreSQL would plan each of the first executions again, and keeps doing so when it estimates a
+#: generic plan dearer (planning the admission's one-statement read costs twice its execution).
+GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"
 #: The text that creates both functions on a connection (one round trip, the simple query protocol).
 INSTALL = f"{_ADD}; {_REMOVE}"
 
 
 def install(dbapi_connection: Any, record: Any) -> None:
-    """Create the functions on a new PostgreSQL connection; remember in ``record.info`` whether that worked."""
+    """Create the functions on a new PostgreSQL connection; remember in ``record.info`` whether that worked.
+
+    Never raises for the connection's sake: a connection already inside a transaction (another ``connect``
+    listener ran a query first) or one that refuses the creation is simply marked without them.
+    """
+    record.info[FUNCTIONS_KEY] = False
     autocommit = dbapi_connection.autocommit
+    if not autocommit and dbapi_connection.info.transaction_status != _IDLE:
+        _LOG.debug("admission index functions not created (connection in a transaction); using statements")
+        return
     try:
         dbapi_connection.autocommit = True
+        dbapi_connection.execute(GENERIC_PLANS, prepare=False)
         dbapi_connection.execute(INSTALL, prepare=False)
     except dbapi_connection.Error as error:  # a read-only role, a pooler without session state: statements then
         _LOG.debug("admission index functions not created (%s); using statements", type(error).__name__)
-        record.info[FUNCTIONS_KEY] = False
     else:
         record.info[FUNCTIONS_KEY] = True
     finally:

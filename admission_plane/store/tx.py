@@ -138,7 +138,8 @@ class Tx:
         self.deferred: list[str] = []
         #: PostgreSQL: whether the connection holds the admission index functions
         #: (:mod:`admission_plane.store.session_functions`).
-        self.functions: bool = bool(getattr(dbapi_connection, "info", {}).get(FUNCTIONS_KEY, False))
+        info = getattr(dbapi_connection, "info", None)  # the pool record's (a raw driver connection: no functions)
+        self.functions: bool = isinstance(info, dict) and info.get(FUNCTIONS_KEY) is True
 
     def defer(self, sql: str) -> None:
         """PostgreSQL: run the constant, parameterless ``sql`` at commit, in the commit's round trip (an insert

@@ -10,14 +10,12 @@ move, which must change nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from admission_index import assert_index_consistent
-from planes import PlaneFactory, activate, dispatch_record, enqueue
-
 from dbutil import table_dump
+from planes import PlaneFactory, activate, dispatch_record, enqueue
 
 from admission_plane import (
     AdmissionPlane,
@@ -55,7 +53,8 @@ def test_an_idle_agent_behind_more_than_a_page_of_busy_agents_is_admitted(
         busy(plane, f"busy-{n:02}", "m1", 10_000 + n)
     enqueue(plane, "idle-request", "idle-agent", 20_000, model="m1", session_id="s-idle")
     lease = plane.admit_next(30_000, plane.owner_identity.owner_instance_id)
-    assert lease is not None and lease.request_id == "idle-request"
+    assert lease is not None
+    assert lease.request_id == "idle-request"
     assert_index_consistent(database_url)
 
 
@@ -69,7 +68,8 @@ def test_an_idle_agent_in_a_key_past_the_prefetched_keys_is_admitted(
         busy(plane, f"busy-{n}", f"m{n}", 10_000 + n)
     enqueue(plane, "idle-request", "idle-agent", 20_000, model="m-late", session_id="s-idle")
     lease = plane.admit_next(30_000, plane.owner_identity.owner_instance_id)
-    assert lease is not None and lease.request_id == "idle-request"
+    assert lease is not None
+    assert lease.request_id == "idle-request"
     assert_index_consistent(database_url)
 
 
@@ -80,9 +80,11 @@ def test_admission_times_out_expired_requests_then_admits_the_rest(make_plane: P
     enqueue(plane, "stale", "agent-1", 1_000, expires_at=10_000_000)
     enqueue(plane, "fresh", "agent-2", 5_000, expires_at=10_000_000)
     lease = plane.admit_next(2_500, plane.owner_identity.owner_instance_id)
-    assert lease is not None and lease.request_id == "fresh"
+    assert lease is not None
+    assert lease.request_id == "fresh"
     stale = plane.get_request("stale")
-    assert stale is not None and stale.state == RequestState.QUEUE_TIMEOUT
+    assert stale is not None
+    assert stale.state == RequestState.QUEUE_TIMEOUT
     assert_index_consistent(database_url)
 
 
@@ -111,14 +113,15 @@ def test_a_refused_move_changes_nothing(make_plane: PlaneFactory, database_url: 
     plane.mark_active(lease, 1_005)
     assert table_dump(database_url) != before
     request = plane.get_request("r")
-    assert request is not None and request.state == RequestState.ACTIVE
+    assert request is not None
+    assert request.state == RequestState.ACTIVE
 
 
 # --- PostgreSQL: round trips per operation -------------------------------------------------------------------------
 
 
 @pytest.fixture
-def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every statement sent through psycopg's ``Cursor.execute`` (a round trip each), in order."""
     import psycopg
 
@@ -130,13 +133,11 @@ def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
         return execute(self, query, params, **options)
 
     monkeypatch.setattr(psycopg.Cursor, "execute", counted)
-    yield sent
+    return sent
 
 
 @POSTGRES_ONLY
-def test_a_steady_state_turn_costs_its_documented_round_trips(
-    make_plane: PlaneFactory, statements: list[str]
-) -> None:
+def test_a_steady_state_turn_costs_its_documented_round_trips(make_plane: PlaneFactory, statements: list[str]) -> None:
     """On PostgreSQL a steady-state turn (after the connector's first) is 29 round trips, each unit's first being
     ``BEGIN`` with the gate and its last ``COMMIT`` carrying the journal and the writes nobody reads back: enqueue
     with payload 5; ``admit_request`` 5, a read-only look (one statement) then the admission's 4 (begin, the reads,
