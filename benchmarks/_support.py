@@ -88,16 +88,18 @@ def run_together(
     count: int,
     timeout_s: float,
     interpreter_options: dict[int, list[str]] | None = None,
+    root: Path = REPO,
 ) -> list[dict[str, Any]]:
     """Start ``count`` worker processes (``python [options] -m <module> <arguments> --index i``)
     from the repository root, wait until each prints ``ready``, release them together with
     ``go``, and return each one's last output line as JSON. ``interpreter_options`` maps a
-    worker index to extra interpreter arguments (e.g. ``-m cProfile -o FILE`` for worker 0)."""
+    worker index to extra interpreter arguments (e.g. ``-m cProfile -o FILE`` for worker 0);
+    ``root``: another checkout to run the workers from (its ``admission_plane`` comes first)."""
     options = interpreter_options or {}
     workers = [
         subprocess.Popen(
             [sys.executable, *options.get(index, []), "-m", module, *arguments, "--index", str(index)],
-            cwd=REPO,
+            cwd=root,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
