@@ -130,7 +130,9 @@ def test_a_policy_set_with_the_command_line_while_eight_connectors_run_is_applie
             "race-v2",
             database_url,
             str(index),
-            "9.0",
+            # Long enough that every worker still runs when the command line's revision commits, on a
+            # loaded machine too (the command starts a Python process; under load that took over 5 s).
+            "14.0",
             json.dumps(BEFORE.to_json()),
             str(3_000 + index),
             "no-capacity-failures",
