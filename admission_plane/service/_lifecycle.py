@@ -62,7 +62,7 @@ from ..states import (
     SuspectReason,
 )
 from ..store.doorbell import Bell
-from ..store.rows import LeaseRow
+from ..store.rows import LeaseRow, PolicyRow
 from ..store.statements.leases import (
     COUNT_START_WINDOW_SHARING_STARTS,
     COUNT_STARTING_LEASES,
@@ -71,6 +71,7 @@ from ..store.statements.leases import (
     INSERT_START,
     LATEST_START,
     MARK_SUSPECT,
+    SELECT_LEASE_AND_POLICY,
     SELECT_LEASE_FOR_UPDATE,
     UPSERT_COOLDOWN,
 )
@@ -81,7 +82,7 @@ from ..store.unit_of_work import DRAIN_LOCK, START_LOCK, Gate
 from ..values import AdmittedLease, LeaseFence, LiveTurnCompletion, ReleasedLease, Usage, abandon_outcome
 from ._budgets import settle
 from ._context import PlaneContext
-from ._policy import complete_drain_if_settled, effective
+from ._policy import complete_drain_if_settled, effective, effective_of
 from ._transitions import change, free_lease, move_unread
 
 S, K = RequestState, EventKind
@@ -104,7 +105,11 @@ def fence_params(fence: LeaseFence) -> dict[str, object]:
 def require_lease(tx: Tx, fence: LeaseFence) -> LeaseRow:
     """The lease ``fence`` names, row-locked to the end of the transaction; :class:`UnknownLeaseError`
     or :class:`LeaseFenceError` otherwise."""
-    lease = tx.one(SELECT_LEASE_FOR_UPDATE, {"lease_id": fence.lease_id})
+    return _fenced(tx.one(SELECT_LEASE_FOR_UPDATE, {"lease_id": fence.lease_id}), fence)
+
+
+def _fenced(lease: LeaseRow | None, fence: LeaseFence) -> LeaseRow:
+    """``lease`` (the row ``fence`` names, read), if it matches the fence."""
     if lease is None:
         raise UnknownLeaseError()
     if lease.generation != fence.generation or lease.owner_instance_id != fence.owner_instance_id:
@@ -148,8 +153,17 @@ def mark_starting(ctx: PlaneContext, fence: LeaseFence, now: int) -> None:
     v.timestamp(now, "start timestamp")
 
     def work(tx: Tx) -> None:
-        lease = _in_phase(tx, fence, frozenset({S.ADMITTED}), "lease is not admitted")
-        policy = effective(ctx, tx).policy  # a live revision applies at once
+        refusal = "lease is not admitted"
+        if tx.dialect.name == "postgresql":  # the lease and the policy in one statement
+            row = tx.row(SELECT_LEASE_AND_POLICY, {"lease_id": fence.lease_id})
+            lease = _fenced(None if row is None else LeaseRow.from_row(row[:-1]), fence)
+            if lease.phase != S.ADMITTED:
+                raise AdmissionStateError(refusal)
+            policy_row = None if row is None or row[-1] is None else PolicyRow.from_row(row[-1])
+            policy = effective_of(ctx, policy_row).policy  # a live revision applies at once
+        else:
+            lease = _in_phase(tx, fence, frozenset({S.ADMITTED}), refusal)
+            policy = effective(ctx, tx).policy
         interval = policy.min_start_interval_ms
         limit = policy.max_concurrent_starts
         exact = not tx.shared

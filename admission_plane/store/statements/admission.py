@@ -37,7 +37,7 @@ def _select(statement: Statement) -> Select[Any]:
     return construct
 
 
-def _json_row(query: Query[Any]) -> ScalarSelect[Any]:
+def json_row(query: Query[Any]) -> ScalarSelect[Any]:
     """The query's first row as a JSON array of its columns, in order (``NULL``: no row)."""
     rows = _select(query).subquery()
     return select(func.json_build_array(*rows.c)).select_from(rows).limit(1).scalar_subquery()
@@ -80,7 +80,7 @@ ADMISSION_READS = Statement(
     select(
         _select(ANY_EXPIRED).exists().label("expired"),
         select(func.max(SH.started_at)).scalar_subquery().label("latest_start"),
-        _json_row(SELECT_POLICY).label("policy"),
+        json_row(SELECT_POLICY).label("policy"),
         _json_rows(SELECT_SEATS).label("seats"),
         _json_rows(SELECT_ACTIVE_COOLDOWNS).label("cooldowns"),
         _json_rows(SELECT_PAUSES).label("pauses"),

@@ -11,18 +11,28 @@ from ..rows import LeaseRow
 from ..tx import Query, Scalar, Statement
 from ..unit_of_work import START_LOCK_KEY
 from ._build import P, fenced, one_of
+from .admission import json_row
+from .policy import SELECT_POLICY
 
 L, C, SH = Lease, Cooldown, StartHistory
 
 #: ``charged``: the request holds a budget reservation (so freeing the seat settles it; see ``service._budgets``).
 _charged = exists().where(BudgetCharge.charge_id == L.request_id).label("charged")
-_lease = select(L.lease_id, L.request_id, L.generation, L.owner_instance_id, L.phase, _charged).where(
-    L.lease_id == P("lease_id")
-)
+#: A lease's columns as :class:`LeaseRow` holds them.
+LEASE_COLUMNS = (L.lease_id, L.request_id, L.generation, L.owner_instance_id, L.phase, _charged)
+_lease = select(*LEASE_COLUMNS).where(L.lease_id == P("lease_id"))
 SELECT_LEASE = Query(_lease, LeaseRow)
 #: The lease, row-locked until the transaction ends (a lease unit's first read; SQLite: plain,
 #: its write lock already covers the whole database).
 SELECT_LEASE_FOR_UPDATE = Query(_lease.with_for_update(of=L), LeaseRow)
+#: PostgreSQL: ``SELECT_LEASE_FOR_UPDATE`` and the policy row (``SELECT_POLICY`` as a JSON array, ``NULL``
+#: when none was claimed) in one statement: what ``mark_starting`` reads first.
+SELECT_LEASE_AND_POLICY = Statement(
+    select(*LEASE_COLUMNS, json_row(SELECT_POLICY).label("policy"))
+    .where(L.lease_id == P("lease_id"))
+    .with_for_update(of=L),
+    only="postgresql",
+)
 HEARTBEAT = Statement(fenced(update(L)).values(heartbeat_at=P("now"), suspect_since=None, suspect_reason=None))
 MARK_SUSPECT = Statement(
     fenced(update(L)).values(suspect_since=func.coalesce(L.suspect_since, P("now")), suspect_reason=P("reason"))

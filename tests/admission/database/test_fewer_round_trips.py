@@ -117,6 +117,23 @@ def test_a_refused_move_changes_nothing(make_plane: PlaneFactory, database_url: 
     assert request.state == RequestState.ACTIVE
 
 
+def test_starting_applies_a_live_revision_read_with_the_lease(make_plane: PlaneFactory) -> None:
+    """``mark_starting`` applies the policy in force, not the plane's own (PostgreSQL reads it in the same statement
+    as the lease): two leases admitted under two starts, then a revision to one start and a 2 s interval, and the
+    second start is refused."""
+    plane = make_plane(policy=Policy(4, 2, 0, 1_800_000, 30_000))
+    owner = plane.owner_identity.owner_instance_id
+    enqueue(plane, "a", "agent-a", 1_000)
+    enqueue(plane, "b", "agent-b", 1_001)
+    first, second = plane.admit_next(1_002, owner), plane.admit_next(1_003, owner)
+    assert first is not None
+    assert second is not None
+    plane.set_policy(Policy(4, 1, 2_000, 1_800_000, 30_000), now=1_004)
+    plane.mark_starting(first, 1_005)
+    with pytest.raises(AdmissionStateError, match=r"concurrent start limit reached|start interval has not elapsed"):
+        plane.mark_starting(second, 1_006)
+
+
 # --- PostgreSQL: round trips per operation -------------------------------------------------------------------------
 
 
@@ -138,10 +155,11 @@ def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 @POSTGRES_ONLY
 def test_a_steady_state_turn_costs_its_documented_round_trips(make_plane: PlaneFactory, statements: list[str]) -> None:
-    """On PostgreSQL a steady-state turn (after the connector's first) is 29 round trips, each unit's first being
+    """On PostgreSQL a steady-state turn (after the connector's first) is 27 round trips, each unit's first being
     ``BEGIN`` with the gate and its last ``COMMIT`` carrying the journal and the writes nobody reads back: enqueue
     with payload 5; ``admit_request`` 5, a read-only look (one statement) then the admission's 4 (begin, the reads,
-    the reservation, commit; a waiter's first attempt skips the look); starting 6; dispatch intent 5; active 3;
+    the reservation, commit; a waiter's first attempt skips the look); starting 5 (the lease and the policy in
+    one read); dispatch intent 4 (the lease and its recorded identity in one read); active 3;
     completion 5 (no durable policy claimed). A change that adds a round trip to the hot path fails here."""
     plane = make_plane(policy=ROOMY)
     owner = plane.owner_identity.owner_instance_id
@@ -169,8 +187,8 @@ def test_a_steady_state_turn_costs_its_documented_round_trips(make_plane: PlaneF
     assert counts == {
         "enqueue": 5,
         "admission": 5,
-        "starting": 6,
-        "dispatch": 5,
+        "starting": 5,
+        "dispatch": 4,
         "active": 3,
         "completion": 5,
     }, counts
