@@ -12,14 +12,9 @@ import time
 
 from ..errors import InvalidInputError, LeaseFenceError
 from ..states import EventKind, RequestState
-from ..store.rows import IdentityRow, LeaseRow, as_params
-from ..store.statements.dispatch import (
-    INSERT_IDENTITY,
-    SELECT_IDENTITY,
-    SELECT_LEASE_AND_IDENTITY,
-    SELECT_LEASE_WITH_REQUEST,
-)
-from ..store.statements.leases import LEASE_COLUMNS, SELECT_LEASE_FOR_UPDATE
+from ..store.rows import IdentityRow, as_params
+from ..store.statements.dispatch import INSERT_IDENTITY, SELECT_IDENTITY, SELECT_LEASE_WITH_REQUEST
+from ..store.statements.leases import SELECT_LEASE_FOR_UPDATE
 from ..store.tx import Tx
 from ..store.unit_of_work import Gate, contention_name
 from ..values import DispatchIntentResult, DispatchRecord
@@ -52,19 +47,6 @@ def persist(ctx: PlaneContext, record: DispatchRecord | object) -> DispatchInten
         return _not_committed("transaction_fault")
 
 
-def _lease_and_identity(tx: Tx, lease_id: str) -> tuple[LeaseRow | None, IdentityRow | None, bool]:
-    """The lease, row-locked, its recorded identity, and whether that was read: PostgreSQL reads both in
-    one statement; SQLite reads the lease only, and the caller the identity once the fence held, as before."""
-    if tx.dialect.name != "postgresql":
-        return tx.one(SELECT_LEASE_FOR_UPDATE, {"lease_id": lease_id}), None, False
-    row = tx.row(SELECT_LEASE_AND_IDENTITY, {"lease_id": lease_id})
-    if row is None:
-        return None, None, True
-    split = len(LEASE_COLUMNS)
-    identity = None if row[split] is None else IdentityRow.from_row(row[split:])
-    return LeaseRow.from_row(row[:split]), identity, True
-
-
 def as_recorded(result: DispatchIntentResult) -> DispatchIntentResult:
     """The same outcome in :meth:`~admission_plane.AdmissionPlane.record_process_identity`'s words."""
     if result.reason is None:
@@ -85,15 +67,14 @@ def identity_row(record: DispatchRecord) -> IdentityRow:
 
 
 def _in_transaction(ctx: PlaneContext, tx: Tx, record: DispatchRecord) -> DispatchIntentResult:
-    lease, existing, identity_read = _lease_and_identity(tx, record.lease_id)
+    lease = tx.one(SELECT_LEASE_FOR_UPDATE, {"lease_id": record.lease_id})
     if lease is None or (lease.request_id, lease.generation, lease.owner_instance_id) != (
         record.request_id,
         record.generation,
         record.owner_instance_id,
     ):
         return _not_committed("stale_lease")
-    if not identity_read:
-        existing = tx.one(SELECT_IDENTITY, {"lease_id": record.lease_id})
+    existing = tx.one(SELECT_IDENTITY, {"lease_id": record.lease_id})
     if lease.phase == S.DISPATCH_INTENT:
         if existing is not None and existing == identity_row(record):
             return DispatchIntentResult("committed", idempotent=True)

@@ -8,7 +8,6 @@ from ..model import Lease, LeaseProcessIdentity, TurnRequest
 from ..rows import DispatchRow, IdentityRow, LeaseWithRequestRow
 from ..tx import Query, Statement
 from ._build import P
-from .leases import LEASE_COLUMNS
 
 R, L, LPI = TurnRequest, Lease, LeaseProcessIdentity
 
@@ -35,17 +34,6 @@ _IDENTITY_COLUMNS = (
     LPI.child_session,
 )
 SELECT_IDENTITY = Query(select(*_IDENTITY_COLUMNS).where(LPI.lease_id == P("lease_id")), IdentityRow)
-#: PostgreSQL: ``SELECT_LEASE_FOR_UPDATE`` and ``SELECT_IDENTITY`` of one lease in one statement (a
-#: dispatch intent reads both): the lease's columns, then the identity's (``NULL`` without one), the
-#: lease row locked as ``SELECT_LEASE_FOR_UPDATE`` locks it.
-SELECT_LEASE_AND_IDENTITY = Statement(
-    select(*LEASE_COLUMNS, *_IDENTITY_COLUMNS)
-    .select_from(L)
-    .outerjoin(LPI, LPI.lease_id == L.lease_id)
-    .where(L.lease_id == P("lease_id"))
-    .with_for_update(of=L),
-    only="postgresql",
-)
 INSERT_IDENTITY = Statement(
     insert(LPI).values(
         lease_id=P("lease_id"),
