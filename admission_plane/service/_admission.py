@@ -22,11 +22,9 @@ from ..store.rows import CooldownRow, EntryRow, KeyHeadRow, MemberHeadRow, Pause
 from ..store.statements.admission import (
     ADMISSION_READS,
     ANY_EXPIRED,
-    RECENT_START,
     SELECT_CANDIDATE,
     SELECT_EXPIRED,
 )
-from ..store.statements.leases import LATEST_START
 from ..store.statements.queue import SELECT_ENTRY
 from ..store.statements.requests import SELECT_REQUEST_STATUS
 from ..store.tx import Tx
@@ -316,14 +314,11 @@ def capacity_block(
     interval = policy.policy.min_start_interval_ms
     cutoff = now - interval
     reserved = facts.latest_reservation is not None and facts.latest_reservation > cutoff
-    if facts.latest_start_read:
-        started = facts.latest_start is not None and facts.latest_start > cutoff
-    else:
-        started = tx.exists(RECENT_START, {"cutoff": cutoff})
-    if not reserved and not started:
-        return None
+    if not reserved:
+        latest_start = facts.latest_start_of(tx)
+        if latest_start is None or latest_start <= cutoff:
+            return None
     if not plan_wait:
         return Wake(queue=1, starts=True)
-    latest_start = facts.latest_start if facts.latest_start_read else tx.scalar(LATEST_START)
-    latest = max(latest_start or 0, facts.latest_reservation or 0)
+    latest = max(facts.latest_start_of(tx) or 0, facts.latest_reservation or 0)
     return Wake(queue=1, starts=True, at=max(now + 1, latest + interval))

@@ -108,10 +108,7 @@ def enqueue(ctx: PlaneContext, meta: Metadata, connector: ConnectorIdentity, now
 
     def work(tx: Tx) -> EnqueueResult:
         result, _lane = insert_request(ctx, tx, meta, now)
-        if result.existed:
-            bind_owner(ctx, tx, meta.request_id, connector, now, True)
-        else:
-            bind_owner(ctx, tx, meta.request_id, connector, now, False, RequestStatus(S.QUEUED, None), created=True)
+        bind_owner(ctx, tx, meta.request_id, connector, now, result.existed, created=not result.existed)
         return result
 
     return ctx.run(work, gate=ENQUEUE_GATE)
@@ -164,6 +161,10 @@ def _replay(tx: Tx, meta: Metadata, lane: str, stored: RequestMeta | None) -> En
     return EnqueueResult(meta.request_id, True)
 
 
+#: A request its own transaction just inserted: queued, bound to no connector.
+_UNBOUND = RequestStatus(RequestState.QUEUED, None)
+
+
 def bind_owner(
     ctx: PlaneContext,
     tx: Tx,
@@ -178,7 +179,7 @@ def bind_owner(
     """Record ``connector`` and bind the queued request to it (so its death can be settled).
 
     ``status`` is the request's row when the caller already read and checked it here; ``created``:
-    the caller's transaction inserted the request (queued, bound to no connector).
+    the caller's transaction inserted the request, so it is queued and bound to no connector.
     """
     # This plane's own record, once seen committed, is never read again (a record is never deleted).
     known = connector is ctx.owner_identity and ctx.owner_recorded
@@ -198,7 +199,9 @@ def bind_owner(
             raise AdmissionConflictError()
         if connector is ctx.owner_identity:
             ctx.owner_recorded = True
-    if status is None:
+    if created:
+        status = _UNBOUND
+    elif status is None:
         status = require_queued(tx, request_id)
     if status.queued_owner_instance_id == connector.owner_instance_id:
         return

@@ -6,7 +6,7 @@ from .. import _validate as v
 from ..errors import AdmissionStateError, InvalidInputError
 from ..states import EVENT_STATES, RECOVERY_ROW_EVENT_ID, RETAINED, UNTRUSTED, EventKind, is_allowed_transition
 from ..store.rows import EventRow
-from ..store.statements.journal import INSERT_EVENT, SELECT_EVENTS, event_literal
+from ..store.statements.journal import INSERT_EVENT, SELECT_EVENTS
 from ..store.tx import Tx
 from ..store.unit_of_work import Gate
 from ..values import SanitizedEvent
@@ -24,12 +24,9 @@ def record(ctx: PlaneContext, tx: Tx, kind: str, request_id: str, from_state: st
     v.timestamp(now, "event timestamp")
     if not is_allowed_transition(kind, from_state, to_state):
         raise AdmissionStateError("admission event transition is not allowlisted")
-    correlation = ctx.keys.correlation(request_id)
-    if tx.dialect.name == "postgresql":  # nothing reads it back in the transaction: it travels with COMMIT
-        tx.defer(event_literal(str(kind), str(from_state), str(to_state), now, correlation))
-        return
     params = {"kind": str(kind), "from_state": str(from_state), "to_state": str(to_state), "now": now}
-    tx.send(INSERT_EVENT, {**params, "correlation_hmac": correlation})
+    # Nothing reads it back in the transaction: on PostgreSQL it travels with the commit (``Tx.defer``).
+    tx.defer(INSERT_EVENT, {**params, "correlation_hmac": ctx.keys.correlation(request_id)})
 
 
 def record_untrusted_rows(ctx: PlaneContext, count: int, now: int) -> None:

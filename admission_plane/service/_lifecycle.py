@@ -118,10 +118,22 @@ def _fenced(lease: LeaseRow | None, fence: LeaseFence) -> LeaseRow:
 
 
 def _in_phase(tx: Tx, fence: LeaseFence, phases: frozenset[RequestState], refusal: str) -> LeaseRow:
-    lease = require_lease(tx, fence)
+    return _phased(require_lease(tx, fence), phases, refusal)
+
+
+def _phased(lease: LeaseRow, phases: frozenset[RequestState], refusal: str) -> LeaseRow:
+    """``lease``, if it is in one of ``phases``; :class:`AdmissionStateError` (``refusal``) otherwise."""
     if lease.phase not in phases:
         raise AdmissionStateError(refusal)
     return lease
+
+
+def _lease_and_policy(tx: Tx, lease_id: str) -> tuple[LeaseRow | None, PolicyRow | None]:
+    """PostgreSQL: the lease, row-locked, and the durable policy row, in one statement (``SELECT_LEASE_AND_POLICY``)."""
+    row = tx.row(SELECT_LEASE_AND_POLICY, {"lease_id": lease_id})
+    if row is None:
+        return None, None
+    return LeaseRow.from_row(row[:-1]), None if row[-1] is None else PolicyRow.from_row(row[-1])
 
 
 def _free_seat(
@@ -153,16 +165,14 @@ def mark_starting(ctx: PlaneContext, fence: LeaseFence, now: int) -> None:
     v.timestamp(now, "start timestamp")
 
     def work(tx: Tx) -> None:
-        refusal = "lease is not admitted"
+        admitted, refusal = frozenset({S.ADMITTED}), "lease is not admitted"
+        # A live revision applies at once: the policy is read in this transaction.
         if tx.dialect.name == "postgresql":  # the lease and the policy in one statement
-            row = tx.row(SELECT_LEASE_AND_POLICY, {"lease_id": fence.lease_id})
-            lease = _fenced(None if row is None else LeaseRow.from_row(row[:-1]), fence)
-            if lease.phase != S.ADMITTED:
-                raise AdmissionStateError(refusal)
-            policy_row = None if row is None or row[-1] is None else PolicyRow.from_row(row[-1])
-            policy = effective_of(ctx, policy_row).policy  # a live revision applies at once
+            found, policy_row = _lease_and_policy(tx, fence.lease_id)
+            lease = _phased(_fenced(found, fence), admitted, refusal)
+            policy = effective_of(ctx, policy_row).policy
         else:
-            lease = _in_phase(tx, fence, frozenset({S.ADMITTED}), refusal)
+            lease = _in_phase(tx, fence, admitted, refusal)
             policy = effective(ctx, tx).policy
         interval = policy.min_start_interval_ms
         limit = policy.max_concurrent_starts

@@ -12,8 +12,7 @@ from ..errors import (
     PayloadIntegrityError,
 )
 from ..evidence import ConnectorIdentity
-from ..states import RequestState as S
-from ..store.rows import EntryRow, PayloadRow, RequestStatus
+from ..store.rows import EntryRow, PayloadRow
 from ..store.statements.requests import (
     INSERT_PAYLOAD,
     SELECT_ENTRY_OF_REQUEST,
@@ -49,7 +48,7 @@ def enqueue_with_payload(
         result, lane = insert_request(ctx, tx, meta, now)
         if not result.existed:
             # Created by this transaction: queued, bound to no connector yet, without a payload.
-            bind_owner(ctx, tx, meta.request_id, connector, now, False, RequestStatus(S.QUEUED, None), created=True)
+            bind_owner(ctx, tx, meta.request_id, connector, now, False, created=True)
             entry = EntryRow(lane, meta.provider, meta.model, meta.agent_id, meta.session_id, now)
             _insert(tx, meta.request_id, sealed, fingerprint_hex, expires_at, now, entry)
             return result

@@ -49,6 +49,7 @@ from ..policy import Policy
 from ..states import START_WINDOW_PHASES
 from ..store.rows import CooldownRow, KeyHeadRow, MemberHeadRow, PauseRow, SeatRow
 from ..store.statements.admission import AGENT_PAGE_SIZE
+from ..store.statements.leases import LATEST_START
 from ..store.statements.queue import (
     AGENT_PAGE,
     DELETE_CREDITS,
@@ -158,13 +159,19 @@ class Facts:
     paused_keys: set[Key] = attrs.field(factory=set)
     book: Book | None = None
 
-    #: PostgreSQL: the latest start, read with the rest (``ADMISSION_READS``); SQLite reads
-    #: it only when the start interval needs it (``latest_start_read`` is then ``False``).
+    #: The latest start, once read (:meth:`latest_start_of`); PostgreSQL reads it with the rest.
     latest_start: int | None = None
     latest_start_read: bool = False
     #: PostgreSQL: the first page of agents (``AGENT_PAGE``, :data:`PAGE` heads) of the keys with the
     #: oldest heads, read with the rest, by (lane, provider, model).
     first_agents: dict[tuple[str, str, str], list[MemberHeadRow]] = attrs.field(factory=dict)
+
+    def latest_start_of(self, tx: Tx) -> int | None:
+        """The latest start (``None``: none recorded), read in ``tx`` the first time it is needed
+        (SQLite: only when capacity depends on the start interval)."""
+        if not self.latest_start_read:
+            self.latest_start, self.latest_start_read = tx.scalar(LATEST_START), True
+        return self.latest_start
 
     @classmethod
     def read(cls, tx: Tx, now: int, policy: Policy) -> Facts:

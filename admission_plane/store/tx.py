@@ -115,11 +115,12 @@ class Scalar(Statement, Generic[V]):
 class Tx:
     """The statements of one unit of work, executed on a DB-API connection's cursor.
 
-    :meth:`send` runs a statement whose result nobody reads (today it simply executes; it
-    marks the statements a batching driver could send with the next round trip).
+    :meth:`send` runs a statement whose result nobody reads, and :meth:`defer` one that nothing
+    in the transaction reads back; on PostgreSQL, in a unit's transaction, both are held back and
+    ride on a later round trip (see each).
     """
 
-    __slots__ = ("_connection", "_cursor", "_pending", "deferred", "dialect", "functions", "rings", "shared")
+    __slots__ = ("_connection", "_cursor", "_deferred", "_pending", "dialect", "functions", "rings", "shared")
 
     def __init__(
         self, dbapi_connection: DBAPIConnection, dialect: Dialect, *, shared: bool = False, batched: bool = False
@@ -127,25 +128,29 @@ class Tx:
         self.dialect = dialect
         self._connection = dbapi_connection
         self._cursor: DBAPICursor = dbapi_connection.cursor()
-        #: PostgreSQL, inside a transaction the unit commits: what :meth:`send` holds back (see there).
+        #: PostgreSQL, inside a transaction the unit commits: what :meth:`send` and :meth:`defer` hold
+        #: back (``None``: nothing is held back, every statement runs at once).
         self._pending: list[tuple[Statement, Mapping[str, Any] | None]] | None = [] if batched else None
+        self._deferred: list[tuple[Statement, Mapping[str, Any] | None]] = []
         #: What this transaction adds to the admission doorbell, announced once it commits.
         self.rings = Chimes()
         #: Whether this unit may run beside other lease units (PostgreSQL's shared gate; see
         #: :mod:`admission_plane.store.unit_of_work`): it must then lock what it relies on.
         self.shared = shared
-        #: PostgreSQL: constant statements sent with ``COMMIT`` in its round trip (:meth:`defer`).
-        self.deferred: list[str] = []
         #: PostgreSQL: whether the connection holds the admission index functions
         #: (:mod:`admission_plane.store.session_functions`).
         info = getattr(dbapi_connection, "info", None)  # the pool record's (a raw driver connection: no functions)
         self.functions: bool = isinstance(info, dict) and info.get(FUNCTIONS_KEY) is True
 
-    def defer(self, sql: str) -> None:
-        """PostgreSQL: run the constant, parameterless ``sql`` at commit, in the commit's round trip (an insert
-        nothing in the transaction reads back: the journal's). It runs before ``COMMIT``, inside the
-        transaction: if it fails, the transaction rolls back and the unit fails as if it had run at once."""
-        self.deferred.append(sql)
+    def defer(self, statement: Statement, params: Mapping[str, Any] | None = None) -> None:
+        """Run a statement nothing in the transaction reads back (the journal's insert): PostgreSQL, in a
+        unit's transaction, at commit, in the commit's round trip after every held-back :meth:`send`;
+        otherwise at once. It runs before ``COMMIT``, inside the transaction: if it fails, the transaction
+        rolls back and the unit fails as if it had run at once."""
+        if self._pending is None:
+            self._run(statement, params)
+        else:
+            self._deferred.append((statement, params))
 
     def ring(self, bells: int) -> None:
         """Add ``bells`` (:class:`~admission_plane.store.doorbell.Bell` flags) once more to what
@@ -195,20 +200,21 @@ class Tx:
             self._run(statement, params)
 
     def closing(self) -> list[str]:
-        """PostgreSQL: the statements the commit's round trip carries before ``COMMIT``: the sends still
-        held back, with their values as literals (quoted by the driver), then :meth:`defer`'s texts."""
-        if not self._pending:
-            return self.deferred
-        from psycopg import ClientCursor  # only PostgreSQL units batch their sends
+        """PostgreSQL: the statements the commit's round trip carries before ``COMMIT``, with their values
+        as literals (quoted by the driver): the sends still held back, then the deferred ones."""
+        held = [*(self._pending or ()), *self._deferred]
+        self._pending, self._deferred = ([] if self._pending is not None else None), []
+        if not held:
+            return []
+        from psycopg import ClientCursor  # only PostgreSQL units hold statements back
 
         raw: Any = getattr(self._connection, "dbapi_connection", self._connection)
         with ClientCursor(raw) as cursor:
             texts = []
-            for statement, params in self._pending:
+            for statement, params in held:
                 sql, defaults = statement.compiled(self.dialect)
                 texts.append(cursor.mogrify(sql, {**defaults, **params} if params else defaults))
-        self._pending = []
-        return [*texts, *self.deferred]
+        return texts
 
     def execute(self, statement: Statement, params: Mapping[str, Any] | None = None) -> int:
         """Run a statement; return its row count."""

@@ -19,14 +19,9 @@ def P(key: str) -> BindParameter[Any]:
     return bindparam(key)
 
 
-def quoted(value: str) -> str:
-    """``value`` as an SQL string literal (quotes doubled)."""
-    return "'" + value.replace("'", "''") + "'"
-
-
 def lit(value: str) -> ColumnElement[str]:
     """A constant string rendered inline (values come from our own enums, never from input)."""
-    return literal_column(quoted(value))
+    return literal_column("'" + value.replace("'", "''") + "'")
 
 
 def one_of(column: SQLColumnExpression[str], values: Iterable[str]) -> ColumnElement[bool]:
@@ -48,4 +43,4 @@ def one() -> ColumnElement[int]:
     return literal_column("1")
 
 
-__all__ = ["BindParameter", "P", "fenced", "lit", "one", "one_of", "quoted"]
+__all__ = ["BindParameter", "P", "fenced", "lit", "one", "one_of"]

@@ -28,7 +28,6 @@ SELECT_EXPIRED: Scalar[str] = Scalar(
 ANY_EXPIRED: Scalar[int] = Scalar(select(one()).where(R.state == lit(QUEUED), R.deadline_at <= P("now")).limit(1))
 
 COUNT_SEAT_LEASES: Scalar[int] = Scalar(select(func.count()).select_from(L).where(one_of(L.phase, SEAT_PHASES)))
-RECENT_START: Scalar[int] = Scalar(select(one()).where(SH.started_at > P("cutoff")).limit(1))
 
 
 def _select(statement: Statement) -> Select[Any]:

@@ -7,10 +7,13 @@ from sqlalchemy import insert, select
 from ..model import Event
 from ..rows import EventRow
 from ..tx import Query, Statement
-from ._build import P, quoted
+from ._build import P
 
+#: ``inline``: no ``RETURNING`` of the new sequence number (nobody reads it; PostgreSQL would add one).
 INSERT_EVENT = Statement(
-    insert(Event).values(
+    insert(Event)
+    .inline()
+    .values(
         kind=P("kind"),
         from_state=P("from_state"),
         to_state=P("to_state"),
@@ -18,18 +21,6 @@ INSERT_EVENT = Statement(
         correlation_hmac=P("correlation_hmac"),
     )
 )
-
-
-def event_literal(kind: str, from_state: str, to_state: str, now: int, correlation_hmac: str) -> str:
-    """PostgreSQL: the insert of one event as constant SQL text, sent with the unit's ``COMMIT`` in the same
-    round trip (:meth:`admission_plane.store.tx.Tx.defer`). The caller has checked every value: the three
-    tokens are allowlisted constants, ``now`` an integer and the correlation a hex digest; quotes are
-    doubled all the same."""
-    tokens = ", ".join(quoted(str(value)) for value in (kind, from_state, to_state))
-    return (
-        "INSERT INTO events (kind, from_state, to_state, occurred_at, correlation_hmac) "
-        f"VALUES ({tokens}, {int(now)}, {quoted(correlation_hmac)})"
-    )
 
 
 SELECT_EVENTS = Query(
