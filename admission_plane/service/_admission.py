@@ -28,6 +28,7 @@ from ..store.statements.admission import (
 from ..store.statements.queue import SELECT_ENTRY
 from ..store.statements.requests import SELECT_REQUEST_STATUS
 from ..store.tx import Tx
+from ..store.unit_of_work import Gate
 from ..values import AdmittedLease
 from . import _budgets, _policy
 from ._context import PlaneContext
@@ -88,7 +89,7 @@ def admit_next(ctx: PlaneContext, now: int, owner_instance_id: str) -> AdmittedL
     """Admit the rule's choice, or ``None`` when nothing may start now."""
     v.identifier(owner_instance_id, "admission owner instance ID")
     v.timestamp(now, "admission timestamp")
-    return ctx.run(lambda tx: admit_in_transaction(ctx, tx, now, owner_instance_id, None))
+    return ctx.run(lambda tx: admit_in_transaction(ctx, tx, now, owner_instance_id, None), gate=Gate.ADMISSION)
 
 
 def admit_request(
@@ -114,8 +115,15 @@ def admit_request(
     v.identifier(request_id, "admission request ID")
     v.identifier(owner_instance_id, "admission owner instance ID")
     v.timestamp(now, "admission timestamp")
+
+    def attempt() -> AdmittedLease | None:
+        return ctx.run(
+            lambda tx: admit_in_transaction(ctx, tx, now, owner_instance_id, request_id, parallel=parallel),
+            gate=Gate.ADMISSION,
+        )
+
     if direct:
-        lease = ctx.run(lambda tx: admit_in_transaction(ctx, tx, now, owner_instance_id, request_id, parallel=parallel))
+        lease = attempt()
         if lease is not None:
             return lease, None
     # A read-only look first: with nothing to time out and ``request_id`` not the one the
@@ -125,7 +133,7 @@ def admit_request(
     wake = ctx.run(lambda tx: look(ctx, tx, request_id, now, plan_wait, parallel=parallel), read_only=True)
     if not isinstance(wake, Verdict):
         return None, wake
-    lease = ctx.run(lambda tx: admit_in_transaction(ctx, tx, now, owner_instance_id, request_id, parallel=parallel))
+    lease = attempt()
     # Lost a race (or something timed out meanwhile): look again after one short step.
     return lease, None if lease is not None else Wake(at=now)
 

@@ -114,15 +114,15 @@ def enqueue(ctx: PlaneContext, meta: Metadata, connector: ConnectorIdentity, now
     return ctx.run(work, gate=ENQUEUE_GATE)
 
 
-#: How an enqueue takes the PostgreSQL gate: shared, beside lease units and other enqueues, never
-#: beside an admission. What it writes is the new request's own rows, its connector's record and its
-#: place in the admission index; nothing it reads can be changed by a unit running beside it but
+#: How an enqueue takes the PostgreSQL gates: the admission gate shared, beside lease units and other
+#: enqueues, never beside an admission. What it writes is the new request's own rows, its connector's
+#: record and its place in the admission index; nothing it reads can be changed by a unit running beside it but
 #: the same request or connector enqueued at the same moment (``ON CONFLICT DO NOTHING``, then a
 #: comparison, as for a replay) and a session's count under a refusing per-session limit (the
 #: session lock). The index's group heads are lowered by upserts, each one row's atomic minimum, so
 #: two enqueues of one group end with the older head. Admission, which reads the index, never runs
 #: beside an enqueue (see :mod:`admission_plane.store.unit_of_work`).
-ENQUEUE_GATE = Gate.LEASE
+ENQUEUE_GATE = Gate.ENQUEUE
 
 
 def insert_request(ctx: PlaneContext, tx: Tx, meta: Metadata, now: int) -> tuple[EnqueueResult, str]:

@@ -7,39 +7,53 @@ records process evidence, is :mod:`._dispatch`.
 
 Locking (PostgreSQL; SQLite serialises every writer on its write lock). Every operation
 here is a *lease unit* (``Gate.LEASE``, :mod:`admission_plane.store.unit_of_work`): it
-takes the plane's gate shared, so lease units of different leases run and commit side by
-side, but never beside an admission unit. Why that is enough, operation by operation:
+takes the lease gate shared for the whole unit and the admission gate shared in its
+commit's round trip, so lease units run and commit beside each other and beside
+admissions and enqueues; only ``Gate.EXCLUSIVE`` units (policy changes, pauses, cancels,
+the reaper's queued-owner settlements) never overlap one. Taking the admission gate at
+commit puts each lease unit wholly before an admission (committed before its first read)
+or wholly after it (committed after it). Why that is enough, operation by operation:
 
 * Every one reads its lease first with ``SELECT ... FOR UPDATE`` (heartbeat and suspicion
   are a single fenced ``UPDATE``, which locks the row itself). Two units of one lease
   therefore run one after the other, and the second reads the first's committed phase:
-  the fence and the phase check are exact, as under the global lock.
+  the fence and the phase check are exact, as under a global lock.
 * The request row, its payload and its process evidence are written only by units of its
-  lease (or by admission units, which never overlap a lease unit), so the lease row lock
-  covers them too; the journal is append-only.
+  lease once it is leased (admission writes a request only while it is queued, and
+  ``Gate.EXCLUSIVE`` units never overlap a lease unit), so the lease row lock covers them
+  too; the journal is append-only.
 * A freed seat settles its request's budget reservation (``service._budgets``): one update or
   delete of the request's own charge row, which only units of its lease write after admission.
-* Nothing here raises a count admission reads (a settled turn that used more tokens than it
-  reserved does, but admission never runs beside a lease unit, so it reads it committed):
-  seats and the start window only shrink
-  (a lease leaves the window, or is deleted); starts, cooldowns and the journal are
-  written, but admission never runs beside a lease unit, so it always reads them
-  committed. What a lease unit reads that another lease unit may change beside it:
+* Against an admission running beside it. What a lease unit writes that admission reads
+  only shrinks what admission counts (a seat freed, a lease leaving the start window), or is
+  a start (``start_history``, for the interval), a cooldown, or a settled budget that used
+  more than it reserved; admission reads each of them committed or not at all, and whichever
+  it read, the order of the two units' commits is one in which each saw what it relied on
+  (the admission gate at commit, above). What a lease unit reads that an admission writes:
+  a new lease in the start window, read by ``mark_starting``'s shared path below, whose
+  argument holds whatever admission does beside it; and the seats a soft drain's completion
+  counts, for which that unit takes the admission gate before counting (below). Nothing
+  else a lease unit reads is written by admission: the policy is written only by
+  ``Gate.EXCLUSIVE`` units (a drain's completion aside, below).
+* What a lease unit reads that another lease unit may change beside it:
 
   - ``mark_starting``: the concurrent-start limit and the start interval (it counts
     starting leases and reads ``start_history``). It takes the start lock (``START_LOCK_KEY``): shared
     when the leases of the whole start window are no more than the limit (then starting
-    ones, a subset that only admission can grow, stay within it whatever other starters
-    do) and the interval is 0 (nothing to space out); exclusive otherwise, which waits for
-    every shared starter to commit, so the exact count and the latest start it reads are
-    final. ``start_history`` rows are deleted with ``SKIP LOCKED``, so two shared starters
-    never wait for each other over them.
+    ones, a subset of the window, stay within it whatever other starters do; only admission
+    grows the window, and never past the limit, which it checks under its own gate) and the
+    interval is 0 (nothing to space out); exclusive otherwise, which waits for every shared
+    starter to commit, so the exact count and the latest start it reads are final.
+    ``start_history`` rows are deleted with ``SKIP LOCKED``, so two shared starters never
+    wait for each other over them.
   - Freeing a seat while a soft drain is pending: the drain completes when no seat is held,
     but two units freeing the last two seats would each still count the other's. The
-    drain state cannot change beside a lease unit (starting a drain and revising the policy
-    are admission units), so a unit that reads "steady" needs nothing more; one that
-    reads "draining" takes the drain lock (``DRAIN_LOCK_KEY``) exclusively before counting, held to
-    commit, so the last of them counts after every other has committed and completes it.
+    drain state cannot change beside a lease unit but by such a completion (starting a
+    drain and revising the policy are ``Gate.EXCLUSIVE`` units), so a unit that reads
+    "steady" needs nothing more; one that reads "draining" takes the admission gate shared
+    (no admission may take a seat while it counts) and then the drain lock
+    (``DRAIN_LOCK_KEY``) exclusively before counting, held to commit, so the last of them
+    counts after every other has committed and completes it.
   - A capacity failure's cooldown is an upsert of one row (``greatest`` of the two ends):
     concurrent ones queue on that row and both extensions survive.
 """
@@ -78,7 +92,7 @@ from ..store.statements.leases import (
 from ..store.statements.policy import SELECT_POLICY
 from ..store.statements.requests import SELECT_REQUEST_META
 from ..store.tx import Tx
-from ..store.unit_of_work import DRAIN_LOCK, START_LOCK, Gate
+from ..store.unit_of_work import ADMISSION_GATE_SHARED, DRAIN_LOCK, START_LOCK, Gate
 from ..values import AdmittedLease, LeaseFence, LiveTurnCompletion, ReleasedLease, Usage, abandon_outcome
 from ._budgets import settle
 from ._context import PlaneContext
@@ -156,6 +170,7 @@ def _free_seat(
             drain_state = None if row is None else row.drain_state
         if drain_state != DrainState.SOFT_DRAINING_TO_1:
             return  # cannot start draining before this unit commits
+        tx.execute(ADMISSION_GATE_SHARED)
         tx.execute(DRAIN_LOCK)
     complete_drain_if_settled(ctx, tx, lease.owner_instance_id, now)
 

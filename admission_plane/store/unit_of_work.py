@@ -12,41 +12,62 @@ Why this is enough to serialise admission:
   of them; against other programs they wait on ``busy_timeout`` instead of failing
   half-way through.
 * PostgreSQL: there is no database-wide write lock, and ``READ COMMITTED`` lets two
-  hosts both count the same free seat. Every writing unit therefore first takes the
-  transaction-level advisory lock :data:`ADVISORY_LOCK_KEY` (the *gate*), released at
-  commit or rollback, in one of two modes (:class:`Gate`):
+  hosts both count the same free seat. Writing units therefore take transaction-level
+  advisory locks (released at commit or rollback) on two keys: the *admission gate*
+  :data:`ADVISORY_LOCK_KEY` and the *lease gate* :data:`LEASE_LOCK_KEY`, as their
+  :class:`Gate` says:
 
-  - ``Gate.ADMISSION`` takes it **exclusively**: admission (seat counting,
-    selection, reservation), cancel and time-out of queued requests, policy changes and
-    pauses, cooldowns set by hand, the reaper's queued-owner settlements: everything that
-    can raise a count admission reads, and everything that reads those counts to decide.
-    It is the default: a unit that does not say otherwise is serialised against every
-    other writer, exactly as before. Each statement after the lock sees every transaction
-    committed before it (READ COMMITTED takes a new snapshot per statement), and no other
-    writer is in flight, so the seat count, the selection and the reservation are
-    consistent.
-  - ``Gate.LEASE`` takes it **shared**: the fenced transitions of one existing lease
-    (starting, dispatch intent, active, heartbeat, suspicion, completion, abandonment,
-    recovery, the seat releases), and enqueues (why that is enough for them:
-    :data:`admission_plane.service._enqueue.ENQUEUE_GATE`). Lease units run beside each other, so their commits
-    overlap and share WAL flushes (group commit), but never beside an admission unit: an
-    admission still sees a world no writer is changing. A lease unit locks the rows it
-    relies on itself: its first read is the lease row ``FOR UPDATE``, so two units of the
-    *same* lease (a heartbeat and a completion) run one after the other. What a lease
-    unit reads that another lease unit may change at the same time is covered beside each
-    operation (:mod:`admission_plane.service._lifecycle`): the start limit and interval
-    (:data:`START_LOCK_KEY`), and a soft drain's completion, which counts the seats
-    (:data:`DRAIN_LOCK_KEY`).
+  - ``Gate.ADMISSION``: the admission gate, **exclusively**, for the whole unit. Admission
+    (seat counting, selection, reservation, and the time-out of queued requests it sweeps
+    first) and the journal's readers. Admissions run one at a time, each statement after
+    the lock sees every transaction committed before it (READ COMMITTED takes a new
+    snapshot per statement), and no unit that could raise a count admission reads is in
+    flight beside it: the seat count, the selection and the reservation are consistent.
+  - ``Gate.ENQUEUE``: the admission gate **shared**, for the whole unit: enqueues run beside
+    each other and beside lease units, never beside an admission, which reads the queue
+    index they write (why that is enough for them:
+    :data:`admission_plane.service._enqueue.ENQUEUE_GATE`).
+  - ``Gate.LEASE``: the lease gate **shared** for the whole unit, and the admission gate
+    **shared** in its commit's round trip only, before its journal events. The fenced
+    transitions of one existing lease (starting, dispatch intent, active, heartbeat,
+    suspicion, completion, abandonment, recovery, the seat releases) run beside each
+    other, beside enqueues *and beside an admission*, so their commits overlap and share
+    WAL flushes (group commit). A lease unit locks the rows it relies on itself: its first
+    read is the lease row ``FOR UPDATE``, so two units of the *same* lease (a heartbeat and
+    a completion) run one after the other. Why a lease unit needs no more, operation by
+    operation, is in :mod:`admission_plane.service._lifecycle`; in short, a lease unit
+    only lowers what admission counts (seats, the start window), writes nothing else
+    admission reads but a start, a cooldown and a settled budget, and reads nothing an
+    admission writes but the start window (covered there). The admission gate at commit
+    puts every lease unit wholly before or wholly after each admission: one that takes it
+    first has committed before the admission's first read, so the admission saw it; one
+    that takes it later commits after the admission has committed. An admission may thus
+    read a seat as still held that a lease unit is freeing (it waits, as it would have a
+    moment earlier), but never acts on half of a lease unit, and the journal's sequence
+    numbers, taken at commit under that lock, order every lease unit's events on the same
+    side of each admission's as its commit (what the journal replay of the tests relies
+    on: ``tests/admission/journal_replay.py``).
+  - ``Gate.EXCLUSIVE`` (the default): the lease gate and then the admission gate, both
+    **exclusively**: cancels, policy changes and pauses, cooldowns set by hand, the reaper's
+    queued-owner settlements, and every other writer that does not say otherwise. It runs
+    alone, exactly as every writer did before the gates were split.
 
-  Lock order, so no two units wait for each other in a circle: the gate first (queued
-  before any other statement), then the lease row, then the start or drain lock, then
-  other rows. Serialization failures and deadlocks (40001, 40P01) are retried a bounded
-  number of times; every operation is safe to re-run from the start because it reads all
-  its state inside the transaction.
+  Lock order, so no two units wait for each other in a circle: the lease gate, then the
+  admission gate (each queued before any other statement, except a lease unit's admission
+  gate), then the lease row, then the start or drain lock, then other rows. A lease unit
+  takes the admission gate after its lease row; that closes no circle, because the units
+  that hold the admission gate beside a lease unit never wait for anything a lease unit
+  holds: enqueues and admissions write only rows no lease unit writes (queued requests, new
+  leases and budget reservations, the queue index; admission's prune of old budget charges
+  skips reserved ones, the only ones a lease unit changes), and none of them takes the lease
+  gate or a start or drain lock. Serialization failures and deadlocks (40001, 40P01) are
+  retried a bounded number of times; every operation is safe to re-run from the start
+  because it reads all its state inside the transaction.
 
   Round trips: the driver connection is used in autocommit mode and the unit opens its
-  transaction itself, ``BEGIN`` and the gate in one round trip (constant text, the simple
-  query protocol), and ends it with ``NOTIFY`` and ``COMMIT`` in one more, which also carries
+  transaction itself, ``BEGIN`` and its gates in one round trip (constant text, the simple
+  query protocol), and ends it with ``NOTIFY`` and ``COMMIT`` in one more (a lease unit's
+  admission gate too), which also carries
   the writes nobody in the unit reads back (the journal's event, the sends still held back:
   :meth:`~admission_plane.store.tx.Tx.send`); every other statement is prepared on the server
   (``prepare_threshold=0``, :mod:`.engine`). psycopg's
@@ -54,10 +75,11 @@ Why this is enough to serialise admission:
   (psycopg's pipeline mode, tried too, was slower here than these plain round trips.)
   Read-only units take no lock and no transaction (autocommit; each READ COMMITTED
   statement has its own snapshot anyway), unless they ask for the gate:
-  :func:`admission_plane.service._journal.read_page` takes it exclusively for an instant,
-  so that every event it returns was committed before any event it has not yet seen could
-  be (event sequence numbers of overlapping lease units are taken before their commits,
-  which may land in another order).
+  :func:`admission_plane.service._journal.read_page` takes the admission gate exclusively
+  for an instant, so that every event it returns was committed before any event it has not
+  yet seen could be (event sequence numbers of overlapping lease units are taken before
+  their commits, which may land in another order; every writing unit takes its events'
+  numbers under the admission gate, at least shared, held to its commit).
 """
 
 from __future__ import annotations
@@ -83,8 +105,11 @@ from .tx import Statement, Tx
 T = TypeVar("T")
 _IDLE = 0  # libpq's PQTRANS_IDLE: no transaction open on the connection
 
-#: ``pg_advisory_xact_lock`` key of the gate every writer of one plane takes ("admissn" in ASCII).
+#: ``pg_advisory_xact_lock`` key of the admission gate ("admissn" in ASCII): every writer of one plane
+#: takes it, shared or exclusively, before its journal events (:class:`Gate`).
 ADVISORY_LOCK_KEY = 0x61646D697373_6E
+#: Key of the lease gate ("admissl"): lease units take it shared, ``Gate.EXCLUSIVE`` units exclusively.
+LEASE_LOCK_KEY = 0x61646D697373_6C
 #: Taken by ``mark_starting`` in a lease unit: shared when the start window already proves the
 #: start limit, exclusive when it must count starts or space them out ("admisss").
 START_LOCK_KEY = 0x61646D697373_73
@@ -104,8 +129,12 @@ SQLITE_CONTENTION = frozenset(
 POSTGRES_RETRYABLE = frozenset({"40001", "40P01"})
 DEFAULT_ATTEMPTS = 5
 _BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT "
-_BEGIN_EXCLUSIVE = f"{_BEGIN}pg_advisory_xact_lock({ADVISORY_LOCK_KEY})"
-_BEGIN_SHARED = f"{_BEGIN}pg_advisory_xact_lock_shared({ADVISORY_LOCK_KEY})"
+_BEGIN_EXCLUSIVE = f"{_BEGIN}pg_advisory_xact_lock({LEASE_LOCK_KEY}); SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY})"
+_BEGIN_ADMISSION = f"{_BEGIN}pg_advisory_xact_lock({ADVISORY_LOCK_KEY})"
+_BEGIN_ENQUEUE = f"{_BEGIN}pg_advisory_xact_lock_shared({ADVISORY_LOCK_KEY})"
+_BEGIN_LEASE = f"{_BEGIN}pg_advisory_xact_lock_shared({LEASE_LOCK_KEY})"
+#: What a lease unit's commit round trip runs first (see the module docstring).
+_LEASE_COMMIT_GATE = f"SELECT pg_advisory_xact_lock_shared({ADVISORY_LOCK_KEY})"
 
 
 def _lock(function: str, key: int) -> Statement:
@@ -116,13 +145,26 @@ def _lock(function: str, key: int) -> Statement:
 START_LOCK = _lock("pg_advisory_xact_lock", START_LOCK_KEY)
 SHARED_START_LOCK = _lock("pg_advisory_xact_lock_shared", START_LOCK_KEY)
 DRAIN_LOCK = _lock("pg_advisory_xact_lock", DRAIN_LOCK_KEY)
+#: The admission gate, shared, taken early by a lease unit that must not run beside an admission
+#: at all (a soft drain's completion, which counts the seats admission could take).
+ADMISSION_GATE_SHARED = _lock("pg_advisory_xact_lock_shared", ADVISORY_LOCK_KEY)
 
 
 class Gate(enum.Enum):
-    """How a PostgreSQL unit takes the plane's advisory lock (see the module docstring)."""
+    """How a PostgreSQL unit takes the plane's advisory locks (see the module docstring)."""
 
-    ADMISSION = "exclusive: serialised against every other writer"
-    LEASE = "shared: lease units and enqueues beside each other, never beside an admission unit"
+    EXCLUSIVE = "both gates exclusively: serialised against every other writer"
+    ADMISSION = "the admission gate exclusively: one admission at a time, beside lease units"
+    ENQUEUE = "the admission gate shared: beside lease units and other enqueues, never beside an admission"
+    LEASE = "the lease gate shared, the admission gate shared at commit: beside everything but EXCLUSIVE"
+
+
+_BEGINS = {
+    Gate.EXCLUSIVE: _BEGIN_EXCLUSIVE,
+    Gate.ADMISSION: _BEGIN_ADMISSION,
+    Gate.ENQUEUE: _BEGIN_ENQUEUE,
+    Gate.LEASE: _BEGIN_LEASE,
+}
 
 
 class UnitOfWork:
@@ -138,7 +180,7 @@ class UnitOfWork:
     def __init__(self, engine: Engine, *, read_only: bool = False, gate: Gate | None = None) -> None:
         self._engine = engine
         self._read_only = read_only
-        self._gate_mode = gate if gate is not None or read_only else Gate.ADMISSION
+        self._gate_mode = gate if gate is not None or read_only else Gate.EXCLUSIVE
         self._committed = False
         self._open = False
         self.tx: Tx
@@ -175,8 +217,9 @@ class UnitOfWork:
         raw.autocommit = True
         if self._gate_mode is None:
             return Tx(connection, dialect)  # read-only: each statement is its own snapshot anyway
-        tx = Tx(connection, dialect, shared=self._gate_mode is Gate.LEASE, batched=True)
-        tx.command(_BEGIN_SHARED if self._gate_mode is Gate.LEASE else _BEGIN_EXCLUSIVE)
+        shared = self._gate_mode is Gate.LEASE or self._gate_mode is Gate.ENQUEUE
+        tx = Tx(connection, dialect, shared=shared, batched=True)
+        tx.command(_BEGINS[self._gate_mode])
         self._open = True
         return tx
 
@@ -210,7 +253,8 @@ class UnitOfWork:
                 # NOTIFY is delivered by the server only if, and when, the transaction commits.
                 rings = self.tx.rings
                 ending = f"SELECT pg_notify('{CHANNEL}', '{rings.payload()}'); COMMIT" if rings else "COMMIT"
-                self.tx.command("; ".join((*self.tx.closing(), ending)))
+                gate = (_LEASE_COMMIT_GATE,) if self._gate_mode is Gate.LEASE else ()
+                self.tx.command("; ".join((*gate, *self.tx.closing(), ending)))
             self._committed = True
             return
         self._connection.commit()
@@ -310,8 +354,8 @@ def run(
 ) -> T:
     """Run ``work`` in one unit of work and commit; translate driver errors.
 
-    ``gate`` says how a PostgreSQL unit takes the plane's advisory lock (:class:`Gate`;
-    default: exclusively when writing, not at all when ``read_only``). Domain errors
+    ``gate`` says how a PostgreSQL unit takes the plane's advisory locks (:class:`Gate`;
+    default: both exclusively when writing, not at all when ``read_only``). Domain errors
     raised by ``work`` propagate unchanged (after rollback). PostgreSQL
     serialization failures and deadlocks are retried up to ``attempts`` times; lock
     contention that outlasts the retries becomes :class:`AdmissionBusyError`, any

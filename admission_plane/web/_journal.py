@@ -107,8 +107,9 @@ class JournalFollower:
         with self._lock:
             if connection.dialect.name == "postgresql":
                 # Lease steps commit side by side, so a sequence number may commit after a higher
-                # one; the gate taken exclusively (held to the end of this reading's transaction)
-                # waits until no writer is in flight, as read_page does, so no event is skipped.
+                # one; the admission gate taken exclusively (held to the end of this reading's
+                # transaction) waits until no writer that holds a sequence number is in flight
+                # (each takes its numbers under that gate), as read_page does, so none is skipped.
                 connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY})")
             last = int(connection.execute(LAST_EVENT_SEQ).scalar_one())
             if last < self._cursor:  # the journal was recreated (a downgrade to base and back): start over

@@ -7,15 +7,18 @@ is right for what it checks on both dialects:
 * SQLite serialises writers and ``event_seq`` is assigned inside the writing transaction,
   so ``event_seq`` order is commit order.
 * PostgreSQL: lease units (``Gate.LEASE`` in ``admission_plane.store.unit_of_work``) commit
-  side by side, so two of them may commit in the other order than their sequence numbers.
-  But (1) every event that takes a seat (``request_admitted``) is written by an admission
-  unit, which runs alone: every event committed before it has a lower number and every
-  event committed after it a higher one; (2) the events of one request are in commit order,
-  since a lease unit locks the lease row before it writes, and units of one lease follow
-  each other; (3) every other event only keeps or lowers the number of seat holders. So
-  between two admissions the true count only falls, in whatever order the lease units
-  committed, and the count replayed right after each admission is exact: the replayed
-  maximum is the true maximum, and the per-request checks see each request's true history.
+  side by side, and beside admissions, so two of them may commit in the other order than
+  their sequence numbers. But (1) every event that takes a seat (``request_admitted``) is
+  written by an admission unit, and every unit takes its events' sequence numbers at its
+  commit under the admission gate, which an admission holds exclusively from before its
+  first read to its commit: every event the admission saw committed has a lower number, and
+  every event it did not see a higher one; (2) the events of one request are in commit
+  order, since a lease unit locks the lease row before it writes, and units of one lease
+  follow each other; (3) every other event only keeps or lowers the number of seat holders
+  and of leases in the start window. So between two admissions the true counts only fall,
+  in whatever order the lease units committed, and the counts replayed right after each
+  admission are exactly those the admission saw plus itself: the replayed maximum is the
+  true maximum, and the per-request checks see each request's true history.
 """
 
 from __future__ import annotations

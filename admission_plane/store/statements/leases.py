@@ -29,7 +29,8 @@ SELECT_LEASE_FOR_UPDATE = Query(_lease.with_for_update(of=L), LeaseRow)
 #: when none was claimed) in one statement: what ``mark_starting`` reads first. Why the policy read here
 #: is as current as one read after the lease's lock: if the statement waits for that lock, only the
 #: locked lease row is read again when it is granted; the rest keeps the statement's snapshot, taken
-#: after the unit's gate. Policy writes take the gate exclusively, so none commits between the two.
+#: after the unit's lease gate. Policy writes take both gates exclusively (``Gate.EXCLUSIVE``), so none
+#: commits between the two.
 #: (Rows other lease units write, such as a dispatch intent's identity, must not be read this way:
 #: a unit that waited for the lease would miss the one written by the unit it waited for.)
 SELECT_LEASE_AND_POLICY = Statement(

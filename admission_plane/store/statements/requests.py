@@ -41,7 +41,7 @@ _new_request = {
     "deadline_at": P("deadline_at"),
     "lane": P("lane"),
 }
-#: PostgreSQL: enqueues run side by side (``Gate.LEASE``), so the same request enqueued twice at once
+#: PostgreSQL: enqueues run side by side (``Gate.ENQUEUE``), so the same request enqueued twice at once
 #: inserts once; the other finds no row inserted (row count 0) and compares, as a replay does.
 INSERT_REQUEST = Statement(
     insert(R).values(**_new_request),

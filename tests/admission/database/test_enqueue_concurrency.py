@@ -44,7 +44,7 @@ def together(calls: list[Callable[[], Any]]) -> list[Any]:
 
 def test_enqueue_takes_the_shared_gate() -> None:
     """Enqueues are lease-like units on PostgreSQL: they take the plane's gate shared, not exclusively."""
-    assert ENQUEUE_GATE is Gate.LEASE
+    assert ENQUEUE_GATE is Gate.ENQUEUE
 
 
 def test_the_same_request_enqueued_at_once_is_inserted_once(make_plane: PlaneFactory, database_url: str) -> None:
