@@ -24,7 +24,7 @@ from typing import Protocol, TypeVar
 from .. import _validate as v
 from ..service._admission import Wake, admit_request
 from ..service._context import PlaneContext
-from ..service._waiting import BEHIND_DELAY_S
+from ..service._waiting import BEHIND_DELAY_S, LISTEN_READY_S
 from ..store.doorbell import Chimes, Doorbell, ListeningDoorbell
 from ..values import AdmittedLease
 from ._support import maybe_await
@@ -54,6 +54,16 @@ class AsyncBell:
     def read(self) -> Chimes | None:
         """The counters now, or ``None`` without a (listening) doorbell."""
         return None if self._doorbell is None else self._doorbell.read()
+
+    async def listen(self, call: Call) -> Callable[[], None] | None:
+        """PostgreSQL: take the doorbell's interest (it listens only while someone waits) and give its
+        ``LISTEN`` a moment to be in place; the release function, or ``None`` where there is nothing to take."""
+        doorbell = self._doorbell
+        if not isinstance(doorbell, ListeningDoorbell):
+            return None
+        release = doorbell.interest()
+        await call(functools.partial(doorbell.wait_ready, LISTEN_READY_S))
+        return release
 
     async def wait(self, rung: Callable[[Chimes], bool], timeout_s: float) -> None:
         """Return once ``rung(counters)`` holds or after ``timeout_s`` seconds, whichever comes first."""
@@ -158,23 +168,32 @@ async def wait_for_admission(
             adopt(lease)
         return seen, now, lease, wake
 
-    while True:
-        seen, now, lease, wake = await call(look)
-        if lease is not None:
-            return lease
-        if wake is None or (deadline is not None and now >= deadline):
-            return None
-        if on_wait is not None:
-            await maybe_await(on_wait(now))
-        if seen is not None:
-            limit = min(moment for moment in (now + fallback_ms, wake.at, deadline) if moment is not None)
-            await bell.wait(functools.partial(wake.rung, seen), (limit - now) / 1000)
-            continue
-        if wake.queue and not (wake.seats or wake.starts or wake.at is not None):
-            await sleep(BEHIND_DELAY_S * _jitter())  # behind another request: ours may be next
-            continue
-        await sleep(delay * _jitter())
-        delay = min(delay * 2, max_delay_ms / 1000)
+    release: Callable[[], None] | None = None
+    try:
+        while True:
+            seen, now, lease, wake = await call(look)
+            if lease is not None:
+                return lease
+            if wake is None or (deadline is not None and now >= deadline):
+                return None
+            if on_wait is not None:
+                await maybe_await(on_wait(now))
+            if seen is None and release is None:
+                release = await bell.listen(call)
+                if release is not None and bell.read() is not None:
+                    continue  # look again now that every ring is heard
+            if seen is not None:
+                limit = min(moment for moment in (now + fallback_ms, wake.at, deadline) if moment is not None)
+                await bell.wait(functools.partial(wake.rung, seen), (limit - now) / 1000)
+                continue
+            if wake.queue and not (wake.seats or wake.starts or wake.at is not None):
+                await sleep(BEHIND_DELAY_S * _jitter())  # behind another request: ours may be next
+                continue
+            await sleep(delay * _jitter())
+            delay = min(delay * 2, max_delay_ms / 1000)
+    finally:
+        if release is not None:
+            release()
 
 
 def _jitter() -> float:

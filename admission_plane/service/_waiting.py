@@ -15,7 +15,7 @@ from ._context import PlaneContext
 #: With a doorbell, a waiter looks again at least this often (ms) even if nothing rang:
 #: writers that do not ring (another program on the same file) are noticed this late.
 DOORBELL_FALLBACK_MS = 250
-#: How long a PostgreSQL waiter gives the doorbell's ``LISTEN`` to be in place before its first look (s).
+#: How long a PostgreSQL waiter gives the doorbell's ``LISTEN`` to be in place before it looks again (s).
 LISTEN_READY_S = 1.0
 #: Without a doorbell, a waiter behind another request looks again after about this long (s).
 BEHIND_DELAY_S = 0.003
@@ -45,33 +45,42 @@ def wait_for_admission(
     v.hook(on_wait, "admission wait on_wait", optional=True)
     deadline = None if timeout_ms is None else ctx.now() + timeout_ms
     doorbell = ctx.doorbell
-    if isinstance(doorbell, ListeningDoorbell) and sleep is time.sleep:
-        # The first wait is on the doorbell too: give its LISTEN a moment to be in place.
-        doorbell.wait_ready(LISTEN_READY_S)
+    # PostgreSQL: the doorbell listens only while someone waits; this waiter takes that interest
+    # after its first attempt did not admit it, and gives it up when it returns.
+    listening = doorbell if isinstance(doorbell, ListeningDoorbell) else None
+    release: Callable[[], None] | None = None
     delay = initial_delay_ms / 1000
     # PostgreSQL: the first attempt writes at once (see ``admit_request``); later ones look first.
     direct = ctx.engine.dialect.name == "postgresql"
-    while True:
-        seen = None if doorbell is None else doorbell.read()
-        now = ctx.now()
-        lease, wake = admit_request(ctx, request_id, now, owner_instance_id, direct=direct, parallel=True)
-        direct = False
-        if lease is not None:
-            return lease
-        if wake is None or (deadline is not None and now >= deadline):
-            return None
-        if on_wait is not None:
-            on_wait(now)
-        if seen is not None and doorbell is not None:
-            limit = min(moment for moment in (now + fallback_ms, wake.at, deadline) if moment is not None)
-            _await_doorbell(ctx, doorbell, seen, wake, limit, initial_delay_ms, max_delay_ms, sleep)
-            continue
-        if wake.queue and not (wake.seats or wake.starts or wake.at is not None):
-            # Behind another request: ours may be next, so look again soon.
-            sleep(BEHIND_DELAY_S * _jitter())
-            continue
-        sleep(delay * _jitter())
-        delay = min(delay * 2, max_delay_ms / 1000)
+    try:
+        while True:
+            seen = None if doorbell is None else doorbell.read()
+            now = ctx.now()
+            lease, wake = admit_request(ctx, request_id, now, owner_instance_id, direct=direct, parallel=True)
+            direct = False
+            if lease is not None:
+                return lease
+            if wake is None or (deadline is not None and now >= deadline):
+                return None
+            if on_wait is not None:
+                on_wait(now)
+            if seen is None and listening is not None and release is None:
+                release = listening.interest()
+                if sleep is time.sleep and listening.wait_ready(LISTEN_READY_S) is not None:
+                    continue  # look again now that every ring is heard
+            if seen is not None and doorbell is not None:
+                limit = min(moment for moment in (now + fallback_ms, wake.at, deadline) if moment is not None)
+                _await_doorbell(ctx, doorbell, seen, wake, limit, initial_delay_ms, max_delay_ms, sleep)
+                continue
+            if wake.queue and not (wake.seats or wake.starts or wake.at is not None):
+                # Behind another request: ours may be next, so look again soon.
+                sleep(BEHIND_DELAY_S * _jitter())
+                continue
+            sleep(delay * _jitter())
+            delay = min(delay * 2, max_delay_ms / 1000)
+    finally:
+        if release is not None:
+            release()
 
 
 def _await_doorbell(

@@ -23,8 +23,11 @@ On PostgreSQL the same counters live in memory, in each plane: a writing transac
 that changed something sends ``NOTIFY admission_plane_doorbell, 'q,s,t'`` (delivered
 only if it commits, to every listener of the database, on every host), and a daemon
 thread of the waiting plane, on its own connection, listens and counts
-(:class:`ListeningDoorbell`). Until it listens, and while it reconnects, ``read``
-returns ``None`` and waiters poll; each (re)connection counts as a change for everyone.
+(:class:`ListeningDoorbell`). It listens only while someone in the plane waits (and
+for :data:`ListeningDoorbell.LINGER_S` after): every notification wakes every listening
+backend and listening thread, so a plane whose turns are admitted at once must not pay
+for everybody else's commits. Until it listens, and while it reconnects, ``read``
+returns ``None`` and waiters poll; each ``LISTEN`` counts as a change for everyone.
 
 The doorbell only decides *when* to look; every decision is still made by the
 admission transaction itself, so a missed or spurious ring costs latency, never
@@ -42,6 +45,7 @@ import os
 import stat
 import struct
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -212,15 +216,32 @@ class Doorbell:
 class ListeningDoorbell:
     """PostgreSQL: counters kept in memory by a thread that listens on :data:`CHANNEL`.
 
-    The thread and its connection start on the first :meth:`read` (a plane that never
-    waits opens nothing); :meth:`read` returns ``None`` until the ``LISTEN`` is in place
-    and whenever the connection was lost, and the thread reconnects every second.
+    It listens on demand: a waiter holds :meth:`interest` while it waits, and the thread,
+    started by the first interest, runs ``LISTEN`` on its own connection while any interest
+    is held and ``UNLISTEN`` once none has been for :data:`LINGER_S` (the connection stays
+    open for the next waiter). :meth:`read` returns ``None`` while it does not listen, and
+    whenever the connection was lost (the thread then reconnects every second); each
+    ``LISTEN`` counts as a change for everyone, since anything may have rung meanwhile.
     """
 
-    __slots__ = ("_changed", "_chimes", "_connect", "_listeners", "_lock", "_ready", "_stop", "_thread")
+    __slots__ = (
+        "_changed",
+        "_chimes",
+        "_connect",
+        "_interest",
+        "_listeners",
+        "_lock",
+        "_ready",
+        "_stop",
+        "_thread",
+        "_wanted",
+    )
 
-    #: How long one wait for notifications lasts before the thread checks for ``close``.
+    #: How long one wait for notifications lasts before the thread checks for ``close`` and interest.
     POLL_S = 0.2
+    #: How long the thread keeps listening after the last interest was released (s): waiters that
+    #: come and go in quick succession share one ``LISTEN``.
+    LINGER_S = 1.0
 
     def __init__(self, connect: Callable[[], Any]) -> None:
         self._connect = connect
@@ -230,6 +251,9 @@ class ListeningDoorbell:
         self._chimes = Chimes()
         self._ready = threading.Event()
         self._stop = threading.Event()
+        #: Set while any interest is held: wakes the idle thread to ``LISTEN``.
+        self._wanted = threading.Event()
+        self._interest = 0
         self._thread: threading.Thread | None = None
         self._listeners: tuple[Callable[[], object], ...] = ()
 
@@ -250,19 +274,37 @@ class ListeningDoorbell:
 
         return cls(connect)
 
+    def interest(self) -> Callable[[], None]:
+        """Listen until the returned function is called (idempotent): a waiter holds this while it waits."""
+        with self._lock:
+            self._interest += 1
+            self._wanted.set()
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(target=self._listen, name="admission-plane-doorbell", daemon=True)
+                self._thread.start()
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            with self._lock:
+                if released:
+                    return
+                released = True
+                self._interest -= 1
+                if self._interest == 0:
+                    self._wanted.clear()
+
+        return release
+
     def read(self) -> Chimes | None:
-        """The counters now, or ``None`` while the listener is not (yet) listening."""
-        if self._thread is None:
-            self._start_listening()
+        """The counters now, or ``None`` while the listener is not listening."""
         if not self._ready.is_set():
             return None
         with self._lock:
             return self._chimes
 
     def wait_ready(self, timeout: float) -> Chimes | None:
-        """Start listening if needed and wait up to ``timeout`` seconds for the ``LISTEN``; then :meth:`read`."""
-        if self._thread is None:
-            self._start_listening()
+        """Wait up to ``timeout`` seconds for the ``LISTEN`` (under an :meth:`interest`); then :meth:`read`."""
         self._ready.wait(timeout)
         return self.read()
 
@@ -270,18 +312,10 @@ class ListeningDoorbell:
         """Block until the counters move past ``seen`` (or ``timeout`` seconds pass); then
         :meth:`read`. A waiter on PostgreSQL wakes within the notification's delivery, not at
         its next poll."""
-        if self._thread is None:
-            self._start_listening()
         with self._changed:
             if self._ready.is_set() and self._chimes == seen:
                 self._changed.wait(timeout)
             return self._chimes if self._ready.is_set() else None
-
-    def _start_listening(self) -> None:
-        with self._lock:  # checked again under the lock: another thread may have started it
-            if self._thread is None and not self._stop.is_set():
-                self._thread = threading.Thread(target=self._listen, name="admission-plane-doorbell", daemon=True)
-                self._thread.start()
 
     def subscribe(self, listener: Callable[[], object]) -> Callable[[], None]:
         """Call ``listener()`` on the listening thread after every counted change; returns the
@@ -315,12 +349,10 @@ class ListeningDoorbell:
                 self._stop.wait(1.0)
                 continue
             try:
-                connection.execute(f"LISTEN {CHANNEL}")
-                self._count(Chimes.of(Bell.EVERYONE))  # anything may have rung while nobody listened
-                self._ready.set()
                 while not self._stop.is_set():
-                    for note in connection.notifies(timeout=self.POLL_S):
-                        self._count(Chimes.from_payload(note.payload))
+                    if not self._wanted.wait(self.POLL_S):
+                        continue  # nobody waits: stay connected, do not listen
+                    self._serve(connection)
             except Exception as error:  # noqa: BLE001 - lost connection: poll until it is back
                 _log.debug("admission doorbell lost its connection: %s", type(error).__name__)
             finally:
@@ -329,10 +361,32 @@ class ListeningDoorbell:
                     connection.close()
             self._stop.wait(1.0)
 
+    def _serve(self, connection: Any) -> None:
+        """``LISTEN``, and count notifications until no interest was held for :data:`LINGER_S`; then ``UNLISTEN``."""
+        connection.execute(f"LISTEN {CHANNEL}")
+        self._count(Chimes.of(Bell.EVERYONE))  # anything may have rung while nobody listened
+        self._ready.set()
+        idle_since: float | None = None
+        while not self._stop.is_set():
+            for note in connection.notifies(timeout=self.POLL_S):
+                self._count(Chimes.from_payload(note.payload))
+            with self._lock:  # decided under the lock: an interest taken now finds the doorbell not ready
+                if self._interest:
+                    idle_since = None
+                    continue
+                now = time.monotonic()
+                idle_since = now if idle_since is None else idle_since
+                if now - idle_since < self.LINGER_S:
+                    continue
+                self._ready.clear()
+            connection.execute(f"UNLISTEN {CHANNEL}")
+            return
+
     def close(self) -> None:
         """Stop the listener thread and close its connection (idempotent)."""
         self._stop.set()
         self._ready.clear()
+        self._wanted.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=2 * self.POLL_S + 1.0)

@@ -71,9 +71,11 @@ def record_looks(plane: AdmissionPlane, clock: Clock, monkeypatch: pytest.Monkey
 
 
 def listen(plane: AdmissionPlane) -> None:
-    """On PostgreSQL, wait for the plane's doorbell to listen (with a test sleep the waiter would poll until then)."""
+    """On PostgreSQL, make the plane's doorbell listen for the rest of the test and wait until it does (with a test
+    sleep the waiter would poll until then)."""
     doorbell = plane._ctx.doorbell
     if isinstance(doorbell, ListeningDoorbell):
+        doorbell.interest()  # never released: the plane's close stops the listener
         assert doorbell.wait_ready(10.0) is not None, "the PostgreSQL doorbell never listened"
     else:
         assert doorbell is not None, "an SQLite file plane has a doorbell"

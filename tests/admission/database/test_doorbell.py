@@ -19,7 +19,7 @@ from sqlalchemy import text
 from admission_plane import AdmissionPlane, InvalidInputError, KeyLimit, LiveTurnCompletion, Policy, RequestState
 from admission_plane.service import DOORBELL_FALLBACK_MS, _admission, wall_clock_ms
 from admission_plane.service._admission import Wake as _Wake
-from admission_plane.store.doorbell import CHANNEL, EVERYONE_STEP, Bell, Chimes, Doorbell, ring
+from admission_plane.store.doorbell import CHANNEL, EVERYONE_STEP, Bell, Chimes, Doorbell, ListeningDoorbell, ring
 
 SQLITE_ONLY = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 
@@ -405,7 +405,11 @@ POSTGRES_ONLY = pytest.mark.parametrize(
 
 
 def listening(plane: AdmissionPlane) -> Chimes:
-    """Start the plane's listener and wait (real time, at most 5 s) until it listens; its counters then."""
+    """Make the plane's listener listen for the rest of the test (an interest never released) and wait (real time,
+    at most 5 s) until it does; its counters then."""
+    doorbell = plane._ctx.doorbell
+    assert isinstance(doorbell, ListeningDoorbell)
+    doorbell.interest()
     deadline = time.monotonic() + 5
     while (reading := plane._ctx.doorbell.read() if plane._ctx.doorbell is not None else None) is None:
         assert time.monotonic() < deadline, "the PostgreSQL doorbell never started listening"
@@ -511,3 +515,82 @@ def test_postgres_listener_reconnects_after_losing_its_connection(
 
 def chimes_or_none(plane: AdmissionPlane) -> Chimes | None:
     return plane._ctx.doorbell.read() if plane._ctx.doorbell is not None else None
+
+
+def listening_backends(database_url: str) -> int:
+    """Sessions of this database whose last statement was the doorbell's ``LISTEN`` (still listening)."""
+    engine = pg_engine(database_url)
+    with engine.begin() as connection:
+        return int(
+            connection.execute(
+                text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = :listen"),
+                {"listen": f"LISTEN {CHANNEL}"},
+            ).scalar_one()
+        )
+
+
+@POSTGRES_ONLY
+def test_a_postgres_plane_whose_turns_are_admitted_at_once_never_listens(
+    make_plane: Callable[..., AdmissionPlane], database_url: str
+) -> None:
+    """A plane whose waits all end in their first attempt starts no listener: no backend listens for it, so other
+    planes' commits wake nothing of it."""
+    plane = make_plane()
+    for index in range(3):
+        enqueue(plane, f"r{index}", agent_id=f"a{index}", now=wall_clock_ms())
+        lease = plane.wait_for_admission(f"r{index}", "me", timeout_ms=5_000)
+        assert lease is not None
+        plane.complete_live_turn(lease_in_phase_of(plane, lease), wall_clock_ms(), LiveTurnCompletion("completed"))
+    doorbell = plane._ctx.doorbell
+    assert isinstance(doorbell, ListeningDoorbell)
+    assert doorbell._thread is None
+    assert doorbell.read() is None
+    assert listening_backends(database_url) == 0
+
+
+def lease_in_phase_of(plane: AdmissionPlane, lease: Any) -> Any:
+    """Drive an admitted ``lease`` of ``plane`` to ``active``; the lease."""
+    for step in (plane.mark_starting, plane.mark_dispatch_intent, plane.mark_active):
+        step(lease, wall_clock_ms())
+    return lease
+
+
+@POSTGRES_ONLY
+def test_a_postgres_waiter_listens_while_it_waits_and_the_listener_stops_after_the_linger(
+    make_plane: Callable[..., AdmissionPlane], database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiter that must wait makes its plane listen (one listening backend, counters readable) until it is
+    admitted; once no waiter has been waiting for ``LINGER_S`` the listener runs ``UNLISTEN`` and reads nothing."""
+    monkeypatch.setattr(ListeningDoorbell, "LINGER_S", 0.3)
+    waiter = make_plane(policy=ONE_SEAT)
+    holder = make_plane(policy=ONE_SEAT)
+    held = lease_in_phase(holder, "active", "held", now=500)
+    enqueue(waiter, "mine", agent_id="b", now=wall_clock_ms())
+    doorbell = waiter._ctx.doorbell
+    assert isinstance(doorbell, ListeningDoorbell)
+    assert listening_backends(database_url) == 0
+    result: list[Any] = []
+    waited = threading.Event()
+
+    def wait() -> None:
+        result.append(waiter.wait_for_admission("mine", "me", timeout_ms=20_000, on_wait=lambda _now: waited.set()))
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    assert waited.wait(10), "the waiter found the seat taken"
+    deadline = time.monotonic() + 5
+    while doorbell.read() is None:
+        assert time.monotonic() < deadline, "the waiting plane never listened"
+        time.sleep(0.005)
+    assert listening_backends(database_url) == 1
+    holder.complete_live_turn(held, wall_clock_ms(), LiveTurnCompletion("completed"))
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert result[0] is not None
+    deadline = time.monotonic() + 10
+    while doorbell.read() is not None:
+        assert time.monotonic() < deadline, "the listener kept listening after the linger"
+        time.sleep(0.02)
+    assert listening_backends(database_url) == 0
+    assert doorbell._thread is not None
+    assert doorbell._thread.is_alive(), "the thread stays, with its connection, for the next waiter"
