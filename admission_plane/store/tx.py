@@ -15,6 +15,8 @@ the query is defined, so no caller ever reads a row by position.
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Mapping
 from typing import Any, Generic, TypeAlias, TypeVar
 
@@ -28,6 +30,13 @@ from sqlalchemy.sql.expression import UpdateBase
 from .doorbell import Chimes
 from .rows import Row
 from .session_functions import FUNCTIONS_KEY
+
+_LOG = logging.getLogger(__name__)
+#: Key of a pooled connection's ``info``: the statements prepared on it by name (:meth:`Tx._prepared`).
+PREPARED_KEY = "admission_plane_prepared"
+_GENERATION_KEY = "admission_plane_prepared_generation"
+#: A named parameter of a compiled PostgreSQL statement (``pyformat``).
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
 _SQLITE_NAMED = sqlite.dialect(paramstyle="named")
 
@@ -120,7 +129,17 @@ class Tx:
     ride on a later round trip (see each).
     """
 
-    __slots__ = ("_connection", "_cursor", "_deferred", "_pending", "dialect", "functions", "rings", "shared")
+    __slots__ = (
+        "_connection",
+        "_cursor",
+        "_deferred",
+        "_opening",
+        "_pending",
+        "dialect",
+        "functions",
+        "rings",
+        "shared",
+    )
 
     def __init__(
         self, dbapi_connection: DBAPIConnection, dialect: Dialect, *, shared: bool = False, batched: bool = False
@@ -132,6 +151,9 @@ class Tx:
         #: back (``None``: nothing is held back, every statement runs at once).
         self._pending: list[tuple[Statement, Mapping[str, Any] | None]] | None = [] if batched else None
         self._deferred: list[tuple[Statement, Mapping[str, Any] | None]] = []
+        #: PostgreSQL: the transaction's opening (``BEGIN`` and its gates) and how many statements it holds,
+        #: until the first statement carries it (:meth:`open`).
+        self._opening: tuple[str, int] | None = None
         #: What this transaction adds to the admission doorbell, announced once it commits.
         self.rings = Chimes()
         #: Whether this unit may run beside other lease units (PostgreSQL's shared gate; see
@@ -163,6 +185,14 @@ class Tx:
         """Open the transaction explicitly (SQLite: ``BEGIN`` or ``BEGIN IMMEDIATE``)."""
         self._cursor.execute(sql)
 
+    def open(self, sql: str, statements: int) -> None:
+        """PostgreSQL: open the transaction with ``sql``, constant text of ``statements`` statements (``BEGIN``
+        and the unit's gates), sent with the unit's first statement in one round trip of the simple query
+        protocol, as ``EXECUTE`` of that statement prepared by name on the connection (:meth:`_prepared`),
+        or with the commit if no statement runs before it. Nothing the opening does is seen by anyone before
+        the first statement runs, so holding it back changes no outcome."""
+        self._opening = (sql, statements)
+
     def command(self, sql: str) -> None:
         """PostgreSQL: run constant, parameterless SQL text, several statements at once (``BEGIN;
         SELECT pg_advisory_xact_lock(...)``), in one round trip of the simple query protocol."""
@@ -175,9 +205,22 @@ class Tx:
         sql, defaults = statement.compiled(self.dialect)
         if defaults:
             params = {**defaults, **params} if params else defaults
-        cursor = self._cursor
+        cursor: Any = self._cursor
+        if self._opening is not None:
+            (opening, results), self._opening = self._opening, None
+            prepared = self._prepared(sql)
+            if prepared is None:  # no session state to rely on, or a statement the server cannot prepare alone
+                cursor.execute(opening, prepare=False)
+            else:
+                name, names = prepared
+                values = [(params or {})[each] for each in names]
+                arguments = self._literals([(f"({', '.join(['%s'] * len(names))})", values)])[0] if names else ""
+                cursor.execute(f"{opening}; EXECUTE {name}{arguments}", prepare=False)
+                for _ in range(results):  # to the statement's own result
+                    cursor.nextset()
+                return cursor  # type: ignore[no-any-return]
         cursor.execute(sql, params or {})
-        return cursor
+        return cursor  # type: ignore[no-any-return]
 
     def send(self, statement: Statement, params: Mapping[str, Any] | None = None) -> None:
         """Run a statement whose result is not read.
@@ -199,22 +242,68 @@ class Tx:
         for statement, params in pending:
             self._run(statement, params)
 
-    def closing(self) -> list[str]:
+    def closing(self, *first: str) -> list[str]:
         """PostgreSQL: the statements the commit's round trip carries before ``COMMIT``, with their values
-        as literals (quoted by the driver): the sends still held back, then the deferred ones."""
+        as literals (quoted by the driver): the opening if no statement carried it (:meth:`open`), then
+        ``first`` (constant text), then the sends still held back, then the deferred ones."""
         held = [*(self._pending or ()), *self._deferred]
         self._pending, self._deferred = ([] if self._pending is not None else None), []
-        if not held:
+        opening = () if self._opening is None else (self._opening[0],)
+        self._opening = None
+        texts = []
+        for statement, params in held:
+            sql, defaults = statement.compiled(self.dialect)
+            texts.append((sql, {**defaults, **params} if params else defaults))
+        return [*opening, *first, *self._literals(texts)]
+
+    def _prepared(self, sql: str) -> tuple[str, tuple[str, ...]] | None:
+        """PostgreSQL: the name ``sql`` is prepared under on this connection (``PREPARE``, run once, in a round
+        trip of its own, outside any transaction) and its parameters' names in the order of ``$1``, ``$2``, ...;
+        ``None`` where the connection keeps no session state for the plane (no session functions) or the
+        server cannot prepare the statement alone (a parameter whose type only the driver's value says)."""
+        info = getattr(self._connection, "info", None)
+        if not self.functions or not isinstance(info, dict):
+            return None
+        known: dict[str, tuple[str, tuple[str, ...]] | None] = info.setdefault(PREPARED_KEY, {})
+        if sql in known:
+            return known[sql]
+        generation = info.get(_GENERATION_KEY, 0)
+        names: list[str] = []
+
+        def number(match: re.Match[str]) -> str:
+            if match.group(1) not in names:
+                names.append(match.group(1))
+            return f"${names.index(match.group(1)) + 1}"
+
+        name = f"admission_plane_{generation}_{len(known)}"
+        raw: Any = getattr(self._connection, "dbapi_connection", self._connection)
+        try:
+            raw.execute(f"PREPARE {name} AS {_PLACEHOLDER.sub(number, sql).replace('%%', '%')}", prepare=False)
+        except raw.ProgrammingError as error:  # the statement, not the connection: plain statements then
+            _LOG.debug("statement not prepared by name (%s); it runs after the opening", type(error).__name__)
+            known[sql] = None
+        else:
+            known[sql] = (name, tuple(names))
+        return known[sql]
+
+    @staticmethod
+    def forget_prepared(info: Any) -> None:
+        """Forget the statements prepared by name on a connection whose transaction was rolled back:
+        psycopg then deallocates every prepared statement of the session (``DEALLOCATE ALL``), ours too.
+        The next ones get names of a new generation, so a statement that survived cannot collide."""
+        if isinstance(info, dict) and info.get(PREPARED_KEY):
+            info[PREPARED_KEY] = {}
+            info[_GENERATION_KEY] = info.get(_GENERATION_KEY, 0) + 1
+
+    def _literals(self, statements: list[tuple[str, Any]]) -> list[str]:
+        """PostgreSQL: each ``(sql, values)`` as one text with its values as literals, quoted by the driver."""
+        if not statements:
             return []
         from psycopg import ClientCursor  # only PostgreSQL units hold statements back
 
         raw: Any = getattr(self._connection, "dbapi_connection", self._connection)
         with ClientCursor(raw) as cursor:
-            texts = []
-            for statement, params in held:
-                sql, defaults = statement.compiled(self.dialect)
-                texts.append(cursor.mogrify(sql, {**defaults, **params} if params else defaults))
-        return texts
+            return [cursor.mogrify(sql, values or {}) for sql, values in statements]
 
     def execute(self, statement: Statement, params: Mapping[str, Any] | None = None) -> int:
         """Run a statement; return its row count."""

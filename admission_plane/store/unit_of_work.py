@@ -65,14 +65,15 @@ Why this is enough to serialise admission:
   because it reads all its state inside the transaction.
 
   Round trips: the driver connection is used in autocommit mode and the unit opens its
-  transaction itself, ``BEGIN`` and its gates in one round trip (constant text, the simple
-  query protocol), and ends it with ``NOTIFY`` and ``COMMIT`` in one more (a lease unit's
-  admission gate too), which also carries
-  the writes nobody in the unit reads back (the journal's event, the sends still held back:
-  :meth:`~admission_plane.store.tx.Tx.send`); every other statement is prepared on the server
-  (``prepare_threshold=0``, :mod:`.engine`). psycopg's
-  own implicit ``BEGIN`` and the pool's pre-ping would each cost a round trip per unit.
-  (psycopg's pipeline mode, tried too, was slower here than these plain round trips.)
+  transaction itself: ``BEGIN`` and its gates (constant text) travel with the unit's first
+  statement in one round trip of the simple query protocol, as ``EXECUTE`` of that statement
+  prepared by name on the connection (:meth:`~admission_plane.store.tx.Tx.open`); the unit
+  ends with ``NOTIFY`` and ``COMMIT`` in one more (a lease unit's admission gate too), which
+  also carries the writes nobody in the unit reads back (the journal's event, the sends still
+  held back: :meth:`~admission_plane.store.tx.Tx.send`); every other statement is prepared on
+  the server (``prepare_threshold=0``, :mod:`.engine`). psycopg's own implicit ``BEGIN`` and
+  the pool's pre-ping would each cost a round trip per unit. (psycopg's pipeline mode, tried
+  too, loses the server's reason when it ends the connection, and was no faster.)
   Read-only units take no lock and no transaction (autocommit; each READ COMMITTED
   statement has its own snapshot anyway), unless they ask for the gate:
   :func:`admission_plane.service._journal.read_page` takes the admission gate exclusively
@@ -127,6 +128,10 @@ SQLITE_CONTENTION = frozenset(
     }
 )
 POSTGRES_RETRYABLE = frozenset({"40001", "40P01"})
+#: ``invalid_sql_statement_name``: a statement the unit prepared by name on its connection was deallocated by
+#: something else (:meth:`Tx.forget_prepared` covers the library's own rollbacks); the rollback has made the
+#: connection forget them all, and the unit runs again from the start.
+_PREPARED_LOST = "26000"
 DEFAULT_ATTEMPTS = 5
 _BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT "
 _BEGIN_EXCLUSIVE = f"{_BEGIN}pg_advisory_xact_lock({LEASE_LOCK_KEY}); SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY})"
@@ -219,7 +224,8 @@ class UnitOfWork:
             return Tx(connection, dialect)  # read-only: each statement is its own snapshot anyway
         shared = self._gate_mode is Gate.LEASE or self._gate_mode is Gate.ENQUEUE
         tx = Tx(connection, dialect, shared=shared, batched=True)
-        tx.command(_BEGINS[self._gate_mode])
+        opening = _BEGINS[self._gate_mode]
+        tx.open(opening, opening.count(";") + 1)
         self._open = True
         return tx
 
@@ -230,6 +236,7 @@ class UnitOfWork:
             return
         if raw.pgconn.transaction_status != _IDLE:
             raw.rollback()
+            Tx.forget_prepared(connection.info)
         raw.autocommit = False
 
     def _release(self, connection: PoolProxiedConnection, *, lost: bool) -> None:
@@ -254,7 +261,7 @@ class UnitOfWork:
                 rings = self.tx.rings
                 ending = f"SELECT pg_notify('{CHANNEL}', '{rings.payload()}'); COMMIT" if rings else "COMMIT"
                 gate = (_LEASE_COMMIT_GATE,) if self._gate_mode is Gate.LEASE else ()
-                self.tx.command("; ".join((*gate, *self.tx.closing(), ending)))
+                self.tx.command("; ".join((*self.tx.closing(*gate), ending)))
             self._committed = True
             return
         self._connection.commit()
@@ -376,7 +383,8 @@ def run(
             if uow.connection_lost:
                 raise AdmissionDatabaseError(f"{CONNECTION_LOST}: {driver_message(error)}") from error
             name = contention_name(error)
-            if name in POSTGRES_RETRYABLE and attempt < attempts - 1:
+            lost_statement = getattr(getattr(error, "orig", error), "sqlstate", None) == _PREPARED_LOST
+            if (name in POSTGRES_RETRYABLE or lost_statement) and attempt < attempts - 1:
                 time.sleep(0.005 * (attempt + 1))
                 continue
             if name is not None:

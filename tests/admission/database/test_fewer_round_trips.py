@@ -155,12 +155,12 @@ def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 @POSTGRES_ONLY
 def test_a_steady_state_turn_costs_its_documented_round_trips(make_plane: PlaneFactory, statements: list[str]) -> None:
-    """On PostgreSQL a steady-state turn (after the connector's first) is 28 round trips, each unit's first being
-    ``BEGIN`` with the gate and its last ``COMMIT`` carrying the journal and the writes nobody reads back: enqueue
-    with payload 5; ``admit_request`` 5, a read-only look (one statement) then the admission's 4 (begin, the reads,
-    the reservation, commit; a waiter's first attempt skips the look); starting 5 (the lease and the policy in
-    one read); dispatch intent 5; active 3;
-    completion 5 (no durable policy claimed). A change that adds a round trip to the hot path fails here."""
+    """On PostgreSQL a steady-state turn (after the connector's first) is 22 round trips. Each unit's first carries
+    ``BEGIN``, the gates and the unit's first statement (``EXECUTE`` of it, prepared by name); its last carries
+    the journal, the writes nobody reads back and ``COMMIT``. Enqueue with payload 4; ``admit_request`` 4, a
+    read-only look (one statement) then the admission's 3 (begin with the reads, the reservation, commit; a
+    waiter's first attempt skips the look); starting 4 (the lease and the policy in one read); dispatch intent 4;
+    active 2; completion 4 (no durable policy claimed). A change that adds a round trip to the hot path fails."""
     plane = make_plane(policy=ROOMY)
     owner = plane.owner_identity.owner_instance_id
 
@@ -185,10 +185,10 @@ def test_a_steady_state_turn_costs_its_documented_round_trips(make_plane: PlaneF
     turn("first", 10_000)  # the connector's record is written with its first request
     counts = turn("second", 20_000)
     assert counts == {
-        "enqueue": 5,
-        "admission": 5,
-        "starting": 5,
-        "dispatch": 5,
-        "active": 3,
-        "completion": 5,
+        "enqueue": 4,
+        "admission": 4,
+        "starting": 4,
+        "dispatch": 4,
+        "active": 2,
+        "completion": 4,
     }, counts

@@ -1,0 +1,135 @@
+"""PostgreSQL: a unit's ``BEGIN`` and gates travel with its first statement (``Tx.open``).
+
+The opening is held back and sent with the unit's first statement in one round trip of the simple
+query protocol, as ``EXECUTE`` of that statement prepared by name on the connection (``PREPARE``
+once per connection, in a round trip of its own). These tests drive units on an engine of the
+plane's own making and check what a user relies on: the values arrive exactly as given (any text,
+bytes, ``NULL``), a statement the server cannot prepare alone still runs, a unit after a rolled-back
+one still runs, and one whose named statement was deallocated behind the library's back runs again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import BigInteger, Engine, LargeBinary, Text, bindparam, cast, literal_column, select
+
+from admission_plane.store.engine import create_admission_engine
+from admission_plane.store.tx import PREPARED_KEY, Statement, Tx
+from admission_plane.store.unit_of_work import Gate, run
+
+pytestmark = pytest.mark.parametrize(
+    "database_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
+)
+#: Three typed values back, as the unit's first statement: what arrives is what was given.
+ECHO = Statement(
+    select(
+        cast(bindparam("text"), Text).label("text"),
+        cast(bindparam("number"), BigInteger).label("number"),
+        cast(bindparam("blob"), LargeBinary).label("blob"),
+        cast(bindparam("text"), Text).label("again"),  # one name used twice: one parameter
+    )
+)
+#: A parameter whose type nothing in the statement says: the server cannot prepare it alone (the driver, which
+#: sends an integer's type with it, can run it).
+UNTYPED = Statement(select(literal_column("1").label("one")).where(bindparam("flag").is_not(None)))
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    """An engine configured as a plane configures it (session functions, generic plans), one pooled connection."""
+    made = create_admission_engine(database_url, pool_size=1, max_overflow=0)
+    yield made
+    made.dispose()
+
+
+def prepared_names(engine: Engine) -> dict[str, Any]:
+    """The statements prepared by name on the pool's connection, as the library recorded them."""
+    with engine.connect() as connection:
+        return dict(connection.connection.info.get(PREPARED_KEY, {}))
+
+
+def server_statements(engine: Engine) -> set[str]:
+    """The names of the statements prepared on the pool's connection, as the server lists them."""
+    with engine.connect() as connection:
+        cursor = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        cursor.execute("SELECT name FROM pg_prepared_statements", prepare=False)
+        return {row[0] for row in cursor.fetchall()}
+
+
+def echo(engine: Engine, values: dict[str, Any], gate: Gate = Gate.LEASE) -> tuple[Any, ...] | None:
+    return run(engine, lambda tx: tx.row(ECHO, values), gate=gate)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    text=st.text(alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",))),
+    number=st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    blob=st.one_of(st.none(), st.binary(max_size=64)),
+    gate=st.sampled_from(list(Gate)),
+)
+def test_the_first_statement_gets_its_values_exactly_as_given(
+    engine: Engine, text: str, number: int, blob: bytes | None, gate: Gate
+) -> None:
+    """Any text (quotes, backslashes, ``$1``, ``%s``, non-ASCII), any 64-bit integer, bytes or ``NULL`` arrive
+    unchanged through ``EXECUTE``'s literals, under every gate."""
+    row = echo(engine, {"text": text, "number": number, "blob": blob}, gate)
+    assert row is not None
+    assert row == (text, number, None if blob is None else blob, text)
+
+
+def test_a_unit_prepares_its_first_statement_once_per_connection(engine: Engine) -> None:
+    """The first unit prepares its first statement by name; later units reuse it (one name, on the server too)."""
+    for number in range(3):
+        assert echo(engine, {"text": "a", "number": number, "blob": None}) == ("a", number, None, "a")
+    known = prepared_names(engine)
+    assert len(known) == 1
+    ((name, parameters),) = known.values()
+    assert parameters == ("text", "number", "blob")
+    assert name in server_statements(engine)
+
+
+def test_a_statement_the_server_cannot_prepare_alone_runs_after_the_opening(engine: Engine) -> None:
+    """A first statement whose parameter type only the driver's value gives is run as before, after the opening
+    in a round trip of its own, and is not tried again."""
+    for _ in range(2):
+        assert run(engine, lambda tx: tx.scalar(UNTYPED, {"flag": 7}), gate=Gate.LEASE) == 1
+    assert list(prepared_names(engine).values()) == [None]
+
+
+class Refused(Exception):
+    """What the test's unit raises after its first statement."""
+
+
+def test_a_unit_after_a_rolled_back_one_prepares_its_statement_again(engine: Engine) -> None:
+    """A unit that fails after its first statement is rolled back (and psycopg then deallocates every prepared
+    statement of the session); the next unit prepares its first statement again, under a new name, and runs."""
+    assert echo(engine, {"text": "a", "number": 1, "blob": None}) is not None
+    before = set(prepared_names(engine).values())
+
+    def refused(tx: Tx) -> None:
+        tx.row(ECHO, {"text": "b", "number": 2, "blob": None})
+        raise Refused
+
+    with pytest.raises(Refused):
+        run(engine, refused, gate=Gate.LEASE)
+    assert prepared_names(engine) == {}
+    assert echo(engine, {"text": "c", "number": 3, "blob": b"x"}) == ("c", 3, b"x", "c")
+    after = set(prepared_names(engine).values())
+    assert after
+    assert after.isdisjoint(before)
+
+
+def test_a_unit_whose_statement_was_deallocated_behind_its_back_runs_again(engine: Engine) -> None:
+    """Something else deallocates the connection's statements (``DEALLOCATE ALL`` on it): the next unit's
+    ``EXECUTE`` fails, the unit is rolled back and run again from the start, and succeeds."""
+    assert echo(engine, {"text": "a", "number": 1, "blob": None}) is not None
+    with engine.connect() as connection:
+        cursor = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        cursor.execute("DEALLOCATE ALL", prepare=False)
+    assert server_statements(engine) == set()
+    assert echo(engine, {"text": "d", "number": 4, "blob": None}) == ("d", 4, None, "d")
