@@ -65,6 +65,7 @@ from ..errors import AdmissionStateError, InvalidInputError, LeaseFenceError, Un
 from ..states import (
     ABANDONABLE_PHASES,
     EXECUTION_RECOVERY_PHASES,
+    LIVE_OUTCOMES,
     OPERATOR_RELEASE_OUTCOMES,
     OWNER_DEATH_OUTCOME,
     OWNER_DEATH_PHASES,
@@ -97,7 +98,7 @@ from ..values import AdmittedLease, LeaseFence, LiveTurnCompletion, ReleasedLeas
 from ._budgets import settle
 from ._context import PlaneContext
 from ._policy import complete_drain_if_settled, effective, effective_of
-from ._transitions import change, free_lease, move_unread
+from ._transitions import change, edge, end_unread, free_lease, move_unread
 
 S, K = RequestState, EventKind
 
@@ -163,6 +164,21 @@ def _free_seat(
     """Apply an edge that deletes the lease and settle its budget reservation, then complete a
     pending soft drain if no seat is left."""
     drain_state = free_lease(ctx, tx, lease, event, target, now, source=source)
+    _settle_freed(ctx, tx, lease, event, target, now, usage, drain_state)
+
+
+def _settle_freed(
+    ctx: PlaneContext,
+    tx: Tx,
+    lease: LeaseRow,
+    event: EventKind,
+    target: str,
+    now: int,
+    usage: Usage | None,
+    drain_state: str | None,
+) -> None:
+    """After ``lease`` was deleted: settle its budget reservation, then complete a pending soft drain
+    if no seat is left (``drain_state``: as the deleting statement read it, ``None`` if it did not)."""
     settle(ctx, tx, lease, event, target, now, usage)
     if tx.shared:  # a lease unit: see the module docstring
         if drain_state is None:
@@ -319,9 +335,21 @@ def complete_live_turn(ctx: PlaneContext, fence: LeaseFence, now: int, completio
         raise InvalidInputError("live turn completion must be a LiveTurnCompletion")
 
     def work(tx: Tx) -> None:
-        lease = _in_phase(tx, fence, frozenset({S.ACTIVE}), "lease is not active")
         failure = completion.failure
         cooling = failure is not None and failure.category is FailureCategory.PROVIDER_CAPACITY
+        outcome = completion.outcome
+        if tx.dialect.name == "postgresql" and not cooling and outcome in LIVE_OUTCOMES:
+            # One statement for both edges; only when it matched nothing is the lease read, for the refusal.
+            moves = (
+                edge(K.REQUEST_PROVIDER_TERMINAL, S.ACTIVE, S.PROVIDER_TERMINAL),
+                edge(K.REQUEST_RELEASED, S.PROVIDER_TERMINAL, outcome),
+            )
+            ended = end_unread(ctx, tx, fence_params(fence), moves, now)
+            if ended is not None:
+                freed, drain_state = ended
+                _settle_freed(ctx, tx, freed, K.REQUEST_RELEASED, outcome, now, completion.usage, drain_state)
+                return
+        lease = _in_phase(tx, fence, frozenset({S.ACTIVE}), "lease is not active")
         # Only a capacity failure needs the provider and model; the request is read for it then.
         request = tx.one(SELECT_REQUEST_META, {"request_id": lease.request_id}) if cooling else None
         if cooling and request is None:
@@ -333,7 +361,6 @@ def complete_live_turn(ctx: PlaneContext, fence: LeaseFence, now: int, completio
             not_before = now + effective(ctx, tx).policy.capacity_cooldown_for(signal)
             params = {"provider": request.provider, "model": request.model, "not_before": not_before, "now": now}
             tx.execute(UPSERT_COOLDOWN, params)
-        outcome = completion.outcome
         _free_seat(ctx, tx, lease, K.REQUEST_RELEASED, outcome, now, source=S.PROVIDER_TERMINAL, usage=completion.usage)
 
     ctx.run(work, gate=Gate.LEASE)

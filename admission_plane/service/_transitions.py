@@ -42,6 +42,7 @@ from ..store.statements.transitions import (
     SET_REQUEST_STATE,
     combined_edge,
     unread_move,
+    unread_release,
 )
 from ..store.tx import Tx
 from . import _journal, _queue_index
@@ -194,6 +195,38 @@ def move_unread(
         raise AdmissionStateError(f"lease and request state diverged at {move.target}")
     _finish(ctx, tx, row[-1], move, now, payload_deleted=payload)
     return True
+
+
+def end_unread(
+    ctx: PlaneContext, tx: Tx, fence: Mapping[str, Any], moves: tuple[Transition, Transition], now: int
+) -> tuple[LeaseRow, str] | None:
+    """PostgreSQL: two edges of a lease ``fence`` names, applied as one statement without reading the lease
+    first (``unread_release``): ``moves[0]`` keeps the lease and moves only its request (a live turn's
+    ``provider_terminal``), ``moves[1]`` deletes the lease and ends the request. Both are journalled. The
+    lease as it was and the policy's drain state (``''``: none); ``None`` when the fence or the phase did
+    not match and nothing changed (the caller then reads the lease for the refusal)."""
+    first, last = moves
+    if first.lease is not LeaseEffect.KEEP or last.lease is not LeaseEffect.DELETE or first.target != last.source:
+        raise AdmissionStateError("the edges do not end the lease through one kept step")
+    payload = first.target in PAYLOAD_DELETED_STATES or last.target in PAYLOAD_DELETED_STATES
+    params = {**fence, "phase": first.source, "source": first.source, "target": last.target, "now": now}
+    row = tx.row(unread_release(payload), params)
+    if row is None or row[0] != 1:
+        return None
+    if row[1] != 1:
+        raise AdmissionStateError(f"lease and request state diverged at {last.target}")
+    drain_state, request_id, charged = row[-3:]
+    for move in moves:
+        _finish(ctx, tx, request_id, move, now, payload_deleted=payload)
+    lease = LeaseRow(
+        lease_id=fence["lease_id"],
+        request_id=request_id,
+        generation=fence["generation"],
+        owner_instance_id=fence["owner_instance_id"],
+        phase=first.source,
+        charged=bool(charged),
+    )
+    return lease, drain_state
 
 
 def _move_lease(ctx: PlaneContext, tx: Tx, lease: LeaseRow, move: Transition, now: int) -> str | None:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import BigInteger, Text, cast, delete, func, insert, literal, select, update
+from sqlalchemy import BigInteger, Text, cast, delete, exists, func, insert, literal, select, update
 
 from ...states import LeaseEffect
-from ..model import Lease, PolicyState, TurnPayload, TurnRequest
+from ..model import BudgetCharge, Lease, PolicyState, TurnPayload, TurnRequest
 from ..tx import Statement
 from ._build import P, fenced
 
@@ -157,4 +157,42 @@ def unread_move(terminal: bool, payload: bool) -> Statement:
         )
         columns.append(_count(payloads).label("payloads"))
     columns.append(select(requests.c.request_id).limit(1).scalar_subquery().label("request_id"))
+    return Statement(select(*columns), only="postgresql")
+
+
+@functools.cache
+def unread_release(payload: bool) -> Statement:
+    """PostgreSQL: the end of a live turn in one statement, for a lease its unit has not read first.
+
+    The lease's fenced delete (guarded by the phase it leaves) comes first and locks its row; the
+    request it names goes from ``source`` straight to its terminal ``target`` (the unit journals the
+    step between, ``provider_terminal``, which no other transaction could ever see), and its payload
+    is deleted when ``payload``. When the fence or the phase does not match, nothing changes (the
+    caller then reads the lease for the refusal). The row: leases deleted, requests changed, payloads
+    deleted (when ``payload``), the policy's drain state (``''``: no durable policy), the request's ID
+    and whether it held a budget reservation (``NULL`` for both: no lease deleted)."""
+    charged = exists().where(BudgetCharge.charge_id == L.request_id).label("charged")
+    leases = DELETE_LEASE_CONSTRUCT.returning(L.request_id, charged).cte("freed_lease")
+    guard = (
+        R.request_id.in_(select(leases.c.request_id)),
+        R.state == P("source"),
+        R.lease_generation == P("generation"),
+    )
+    values = {"state": P("target"), "terminal_at": P("now")}
+    requests = update(R).where(*guard).values(**values).returning(R.request_id).cte("changed_request")
+    columns = [_count(leases).label("leases"), _count(requests).label("requests")]
+    if payload:
+        payloads = (
+            delete(TurnPayload)
+            .where(TurnPayload.request_id.in_(select(leases.c.request_id)))
+            .returning(TurnPayload.request_id)
+            .cte("deleted_payload")
+        )
+        columns.append(_count(payloads).label("payloads"))
+    drain_state = select(PolicyState.drain_state).limit(1).scalar_subquery()
+    columns += [
+        func.coalesce(drain_state, literal("")).label("drain_state"),
+        select(leases.c.request_id).limit(1).scalar_subquery().label("request_id"),
+        select(leases.c.charged).limit(1).scalar_subquery().label("charged"),
+    ]
     return Statement(select(*columns), only="postgresql")

@@ -117,6 +117,49 @@ def test_a_refused_move_changes_nothing(make_plane: PlaneFactory, database_url: 
     assert request.state == RequestState.ACTIVE
 
 
+def test_a_refused_completion_changes_nothing(make_plane: PlaneFactory, database_url: str) -> None:
+    """``complete_live_turn`` (PostgreSQL: both edges in one statement, the lease unread) with a stale generation,
+    another owner, an unknown lease, from the wrong phase or a second time raises its refusal and leaves every row
+    as it was; the accepted one ends the request, frees the seat and journals both steps."""
+    plane = make_plane(policy=ROOMY)
+    enqueue(plane, "r", "agent-1", 1_000)
+    lease = plane.admit_request("r", 1_001, plane.owner_identity.owner_instance_id)
+    assert lease is not None
+    plane.mark_starting(lease, 1_002)
+    done = LiveTurnCompletion("completed")
+    before = table_dump(database_url)
+    with pytest.raises(AdmissionStateError, match="lease is not active"):
+        plane.complete_live_turn(lease, 1_003, done)  # still starting
+    assert table_dump(database_url) == before
+    activate_rest(plane, lease)
+    before = table_dump(database_url)
+    for fence, refusal in (
+        (LeaseFence(lease.lease_id, lease.generation + 1, lease.owner_instance_id), LeaseFenceError),
+        (LeaseFence(lease.lease_id, lease.generation, "someone-else"), LeaseFenceError),
+        (LeaseFence("no-such-lease", 1, lease.owner_instance_id), UnknownLeaseError),
+    ):
+        with pytest.raises(refusal):
+            plane.complete_live_turn(fence, 1_010, done)
+        assert table_dump(database_url) == before
+    plane.complete_live_turn(lease, 1_011, done)
+    request = plane.get_request("r")
+    assert request is not None
+    assert request.state == RequestState.COMPLETED
+    after = table_dump(database_url)
+    assert after["leases"] == [], "the seat is freed"
+    kinds = [event.kind for event in plane.read_sanitized_events(limit=100)]
+    assert kinds[-2:] == ["request_provider_terminal", "request_released"]
+    with pytest.raises(UnknownLeaseError):
+        plane.complete_live_turn(lease, 1_012, done)
+    assert table_dump(database_url) == after
+
+
+def activate_rest(plane: AdmissionPlane, lease: Any) -> None:
+    """A starting ``lease`` through its dispatch intent to ``active``."""
+    assert plane.commit_dispatch_intent(dispatch_record(plane, lease)).ok
+    plane.mark_active(lease, 1_005)
+
+
 def test_starting_applies_a_live_revision_read_with_the_lease(make_plane: PlaneFactory) -> None:
     """``mark_starting`` applies the policy in force, not the plane's own (PostgreSQL reads it in the same statement
     as the lease): two leases admitted under two starts, then a revision to one start and a 2 s interval, and the
@@ -160,7 +203,8 @@ def test_a_steady_state_turn_costs_its_documented_round_trips(make_plane: PlaneF
     the journal, the writes nobody reads back and ``COMMIT``. Enqueue with payload 4; ``admit_request`` 4, a
     read-only look (one statement) then the admission's 3 (begin with the reads, the reservation, commit; a
     waiter's first attempt skips the look); starting 4 (the lease and the policy in one read); dispatch intent 4;
-    active 2; completion 4 (no durable policy claimed). A change that adds a round trip to the hot path fails."""
+    active 2; completion 2 (both its edges in one statement, the lease unread). A change that adds a round trip to
+    the hot path fails."""
     plane = make_plane(policy=ROOMY)
     owner = plane.owner_identity.owner_instance_id
 
@@ -190,5 +234,5 @@ def test_a_steady_state_turn_costs_its_documented_round_trips(make_plane: PlaneF
         "starting": 4,
         "dispatch": 4,
         "active": 2,
-        "completion": 4,
+        "completion": 2,
     }, counts
