@@ -320,6 +320,10 @@ def capacity_block(
     if facts.starts >= policy.policy.max_concurrent_starts:
         return Wake(queue=1, starts=True)
     interval = policy.policy.min_start_interval_ms
+    if interval == 0:
+        # Nothing to space out (as ``mark_starting`` says too): a start or reservation stamped after this
+        # caller's ``now`` (its clock was read before it waited for the lock) holds nothing back.
+        return None
     cutoff = now - interval
     reserved = facts.latest_reservation is not None and facts.latest_reservation > cutoff
     if not reserved:
