@@ -36,7 +36,7 @@ def persist(ctx: PlaneContext, record: DispatchRecord | object) -> DispatchInten
     driver_error = ctx.engine.dialect.loaded_dbapi.Error
     try:
         # A lease unit (see ``_lifecycle``): the lease row is locked first, so the phase and the
-        # evidence it reads are final; nothing here is read by admission.
+        # evidence it reads are final; nothing here is read by admission (``Tx.count_neutral``).
         return ctx.run(lambda tx: _in_transaction(ctx, tx, normalized), gate=Gate.LEASE)
     except Exception as error:  # noqa: BLE001 - a prompt writer must never see a raw or partial failure
         cause = error.__cause__ if isinstance(error.__cause__, driver_error) else error
@@ -89,6 +89,7 @@ def _in_transaction(ctx: PlaneContext, tx: Tx, record: DispatchRecord) -> Dispat
     except LeaseFenceError:
         return _not_committed("stale_lease")
     values = as_params(identity_row(record))
+    tx.count_neutral = True  # starting -> dispatch_intent: the lease stays in the start window
     tx.send(INSERT_IDENTITY, {"lease_id": record.lease_id, "now": committed_at, "host_id": ctx.host_id, **values})
     hook = ctx.faults.after_process_identity_persisted
     if hook is not None:

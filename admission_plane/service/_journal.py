@@ -59,7 +59,7 @@ def read_page(ctx: PlaneContext, after_event_seq: int, limit: int) -> tuple[Sani
     # the gate taken exclusively waits until no writer is in flight: every sequence number
     # handed out so far then belongs to a committed event or to none (a rollback), so the page
     # is a gap-free prefix of what will ever be committed below its last number.
-    rows = ctx.run(lambda tx: tx.all(SELECT_EVENTS, params), read_only=True, gate=Gate.ADMISSION)
+    rows = ctx.run(lambda tx: tx.all(SELECT_EVENTS, params), read_only=True, gate=Gate.EXCLUSIVE)
     return tuple(_sanitized(row) for row in rows)
 
 

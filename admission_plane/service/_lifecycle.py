@@ -12,7 +12,9 @@ commit's round trip, so lease units run and commit beside each other and beside
 admissions and enqueues; only ``Gate.EXCLUSIVE`` units (policy changes, pauses, cancels,
 the reaper's queued-owner settlements) never overlap one. Taking the admission gate at
 commit puts each lease unit wholly before an admission (committed before its first read)
-or wholly after it (committed after it). Why that is enough, operation by operation:
+or wholly after it (committed after it). A start with no start interval and a dispatch
+intent skip it (``Tx.count_neutral``): they change nothing admission counts or reads.
+Why that is enough, operation by operation:
 
 * Every one reads its lease first with ``SELECT ... FOR UPDATE`` (heartbeat and suspicion
   are a single fenced ``UPDATE``, which locks the row itself). Two units of one lease
@@ -226,6 +228,9 @@ def mark_starting(ctx: PlaneContext, fence: LeaseFence, now: int) -> None:
             if latest is not None and now < latest + interval:
                 raise AdmissionStateError("start interval has not elapsed")
         change(ctx, tx, lease, K.REQUEST_STARTING, S.STARTING, now)
+        # admitted -> starting keeps the lease in the start window, and with no interval no limit depends on when
+        # a start happened: nothing admission counts changes (``Tx.count_neutral``).
+        tx.count_neutral = interval == 0
         # Last, as nothing in this unit reads them: on PostgreSQL they travel with the commit (``Tx.send``).
         # Pruning after the read above changes nothing it sees: only starts before ``now - interval`` go.
         tx.send(DELETE_OLD_STARTS, {"cutoff": now - interval})

@@ -135,6 +135,7 @@ class Tx:
         "_deferred",
         "_opening",
         "_pending",
+        "count_neutral",
         "dialect",
         "functions",
         "rings",
@@ -154,6 +155,9 @@ class Tx:
         #: PostgreSQL: the transaction's opening (``BEGIN`` and its gates) and how many statements it holds,
         #: until the first statement carries it (:meth:`open`).
         self._opening: tuple[str, int] | None = None
+        #: PostgreSQL, a lease unit: set by an operation whose writes change nothing admission counts or reads
+        #: (:mod:`admission_plane.store.unit_of_work`); the unit then commits without the admission gate.
+        self.count_neutral = False
         #: What this transaction adds to the admission doorbell, announced once it commits.
         self.rings = Chimes()
         #: Whether this unit may run beside other lease units (PostgreSQL's shared gate; see

@@ -46,7 +46,10 @@ Why this is enough to serialise admission:
     moment earlier), but never acts on half of a lease unit, and the journal's sequence
     numbers, taken at commit under that lock, order every lease unit's events on the same
     side of each admission's as its commit (what the journal replay of the tests relies
-    on: ``tests/admission/journal_replay.py``).
+    on: ``tests/admission/journal_replay.py``). A lease unit whose writes change nothing
+    admission counts or reads (a start with no start interval, a dispatch intent: the lease
+    stays in the start window) says so (``Tx.count_neutral``) and commits without it; the
+    order of its events against an admission's is then free, and no count depends on it.
   - ``Gate.EXCLUSIVE`` (the default): the lease gate and then the admission gate, both
     **exclusively**: cancels, policy changes and pauses, cooldowns set by hand, the reaper's
     queued-owner settlements, and every other writer that does not say otherwise. It runs
@@ -76,11 +79,11 @@ Why this is enough to serialise admission:
   too, loses the server's reason when it ends the connection, and was no faster.)
   Read-only units take no lock and no transaction (autocommit; each READ COMMITTED
   statement has its own snapshot anyway), unless they ask for the gate:
-  :func:`admission_plane.service._journal.read_page` takes the admission gate exclusively
-  for an instant, so that every event it returns was committed before any event it has not
-  yet seen could be (event sequence numbers of overlapping lease units are taken before
-  their commits, which may land in another order; every writing unit takes its events'
-  numbers under the admission gate, at least shared, held to its commit).
+  :func:`admission_plane.service._journal.read_page` takes both gates exclusively
+  (``Gate.EXCLUSIVE``) for an instant, so that every event it returns was committed before
+  any event it has not yet seen could be (event sequence numbers of overlapping lease units
+  are taken before their commits, which may land in another order; every writing unit takes
+  its events' numbers under one of the gates, at least shared, held to its commit).
 """
 
 from __future__ import annotations
@@ -260,7 +263,8 @@ class UnitOfWork:
                 # NOTIFY is delivered by the server only if, and when, the transaction commits.
                 rings = self.tx.rings
                 ending = f"SELECT pg_notify('{CHANNEL}', '{rings.payload()}'); COMMIT" if rings else "COMMIT"
-                gate = (_LEASE_COMMIT_GATE,) if self._gate_mode is Gate.LEASE else ()
+                ordered = self._gate_mode is Gate.LEASE and not self.tx.count_neutral
+                gate = (_LEASE_COMMIT_GATE,) if ordered else ()
                 self.tx.command("; ".join((*self.tx.closing(*gate), ending)))
             self._committed = True
             return

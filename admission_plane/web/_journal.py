@@ -23,7 +23,7 @@ from sqlalchemy import Connection
 
 from ..states import ABSENT, EventKind, LeaseEffect, RequestState, transition
 from ..store.statements.metrics import EVENTS_AFTER, LAST_EVENT_SEQ
-from ..store.unit_of_work import ADVISORY_LOCK_KEY
+from ..store.unit_of_work import ADVISORY_LOCK_KEY, LEASE_LOCK_KEY
 
 #: Upper bounds (seconds) of the admission-wait histogram's buckets (+Inf is implied).
 WAIT_BUCKETS_SECONDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 1800.0)
@@ -107,9 +107,10 @@ class JournalFollower:
         with self._lock:
             if connection.dialect.name == "postgresql":
                 # Lease steps commit side by side, so a sequence number may commit after a higher
-                # one; the admission gate taken exclusively (held to the end of this reading's
-                # transaction) waits until no writer that holds a sequence number is in flight
-                # (each takes its numbers under that gate), as read_page does, so none is skipped.
+                # one; both gates taken exclusively (held to the end of this reading's transaction)
+                # wait until no writer that holds a sequence number is in flight (each takes its
+                # numbers under one of them), as read_page does, so none is skipped.
+                connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({LEASE_LOCK_KEY})")
                 connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY})")
             last = int(connection.execute(LAST_EVENT_SEQ).scalar_one())
             if last < self._cursor:  # the journal was recreated (a downgrade to base and back): start over

@@ -9,10 +9,12 @@ is right for what it checks on both dialects:
 * PostgreSQL: lease units (``Gate.LEASE`` in ``admission_plane.store.unit_of_work``) commit
   side by side, and beside admissions, so two of them may commit in the other order than
   their sequence numbers. But (1) every event that takes a seat (``request_admitted``) is
-  written by an admission unit, and every unit takes its events' sequence numbers at its
-  commit under the admission gate, which an admission holds exclusively from before its
-  first read to its commit: every event the admission saw committed has a lower number, and
-  every event it did not see a higher one; (2) the events of one request are in commit
+  written by an admission unit, and every unit whose events change a count replayed here
+  takes their sequence numbers at its commit under the admission gate, which an admission
+  holds exclusively from before its first read to its commit: every such event the
+  admission saw committed has a lower number, and every one it did not see a higher one
+  (the units that skip the gate, a start with no interval and a dispatch intent, keep every
+  count as it was, so where their events fall changes no count); (2) the events of one request are in commit
   order, since a lease unit locks the lease row before it writes, and units of one lease
   follow each other; (3) every other event only keeps or lowers the number of seat holders
   and of leases in the start window. So between two admissions the true counts only fall,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from dbutil import pg_engine
-from planes import enqueue, lease_in_phase
+from planes import dispatch_record, enqueue, lease_in_phase
 from sqlalchemy import Connection, text
 
 from admission_plane import AdmissionPlane, Policy
@@ -116,10 +116,34 @@ def test_a_lease_step_commits_only_after_an_admission_in_flight_and_numbers_its_
     assert step_seq > admitted_seq
 
 
+@pytest.mark.parametrize("step", ["starting", "dispatch intent"])
+def test_a_lease_step_that_changes_no_count_commits_beside_an_admission_in_flight(
+    make_plane: Callable[..., AdmissionPlane], database_url: str, step: str
+) -> None:
+    """A start with no start interval and a dispatch intent keep the lease in the start window and change nothing
+    admission counts: they commit while an admission holds the admission gate (``Tx.count_neutral``)."""
+    plane = make_plane(policy=ROOMY)
+    lease = lease_in_phase(plane, "admitted" if step == "starting" else "starting", "held", now=1_000)
+    calls: dict[str, Callable[[], Any]] = {
+        "starting": lambda: plane.mark_starting(lease, 1_010),
+        "dispatch intent": lambda: plane.commit_dispatch_intent(dispatch_record(plane, lease)),
+    }
+    with holding(database_url, f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY})"):
+        running = Running(calls[step])
+        assert running.finished(FINISHES_WITHIN_S), f"the {step} waited for the admission"
+    request = plane.get_request("held")
+    assert request is not None
+    assert request.state == ("starting" if step == "starting" else "dispatch_intent")
+
+
 @pytest.mark.parametrize(
     ("gate", "operation"),
     [
         pytest.param(f"SELECT pg_advisory_xact_lock_shared({LEASE_LOCK_KEY})", "pause", id="exclusive-after-lease"),
+        pytest.param(f"SELECT pg_advisory_xact_lock_shared({LEASE_LOCK_KEY})", "journal", id="journal-after-lease"),
+        pytest.param(
+            f"SELECT pg_advisory_xact_lock_shared({ADVISORY_LOCK_KEY})", "journal", id="journal-after-enqueue"
+        ),
         pytest.param(f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY})", "enqueue", id="enqueue-after-admission"),
         pytest.param(
             f"SELECT pg_advisory_xact_lock_shared({ADVISORY_LOCK_KEY})", "admit", id="admission-after-enqueue"
@@ -129,14 +153,16 @@ def test_a_lease_step_commits_only_after_an_admission_in_flight_and_numbers_its_
 def test_units_that_must_not_overlap_wait_for_each_other(
     make_plane: Callable[..., AdmissionPlane], database_url: str, gate: str, operation: str
 ) -> None:
-    """A pause (``Gate.EXCLUSIVE``) waits for a lease unit in flight; an enqueue waits for an admission in flight;
-    an admission waits for an enqueue in flight. Each goes through once the other unit ends."""
+    """A pause (``Gate.EXCLUSIVE``) waits for a lease unit in flight; a journal read waits for any writer in flight
+    (one holding the lease gate, or the admission gate); an enqueue waits for an admission in flight; an admission
+    waits for an enqueue in flight. Each goes through once the other unit ends."""
     plane = make_plane(policy=ROOMY)
     enqueue(plane, "queued", agent_id="agent-q", now=1_000)
     calls: dict[str, Callable[[], Any]] = {
         "pause": lambda: plane.pause(now=1_010),
         "enqueue": lambda: enqueue(plane, "another", agent_id="agent-b", now=1_010),
         "admit": lambda: plane.admit_request("queued", 1_010, "owner-q"),
+        "journal": lambda: plane.read_sanitized_events(limit=10),
     }
     running = None
     try:
