@@ -224,8 +224,8 @@ class FloorConnector:
         """The admission rule's friendly case: capacity, then the first idle agent's head in the only key.
 
         What the rule reads (``service._selection``): the policy, the seat-holding leases,
-        the active cooldowns and the pauses; the lanes' keys; the start interval; a page of
-        the key's agents in head order; the chosen request.
+        the active cooldowns and the pauses; the lanes' keys; a page of the key's agents in
+        head order; the chosen request. With no start interval no start is read.
         """
         assert self._one(policy.SELECT_POLICY) is None
         seats = self._run(queue.SELECT_SEATS).fetchall()
@@ -236,9 +236,8 @@ class FloorConnector:
         assert self._run(queue.SELECT_ACTIVE_COOLDOWNS, {"now": now}).fetchall() == []
         assert self._run(queue.SELECT_PAUSES).fetchall() == []
         ((lane, provider, model, _, _),) = self._run(queue.SELECT_KEYS).fetchall()
-        assert max(reserved, default=now) <= now  # no reservation within the (zero) start interval
-        latest_start = self._scalar(leases.LATEST_START)
-        assert latest_start is None or latest_start <= now  # no start within the (zero) interval
+        # No minimum start interval: nothing to space out, so neither the reservations' stamps nor the
+        # latest start hold anything back, and the latest start is not read.
         page = self._run(
             queue.AGENT_PAGE,
             {

@@ -132,14 +132,10 @@ def combined_edge(effect: LeaseEffect, terminal: bool, payload: bool) -> Stateme
     return Statement(select(*columns))
 
 
-@functools.cache
-def unread_move(terminal: bool, payload: bool) -> Statement:
-    """PostgreSQL: :func:`combined_edge` of a ``MOVE`` for a lease its unit has not read first. The lease's
-    fenced update (guarded by the phase it leaves) comes first and locks its row; the request is the one
-    the changed lease names, and the payload that request's, so when the fence or the phase does not
-    match nothing changes (the caller then raises the refusal, which rolls the unit back as well). The
-    row also holds the request's ID (``NULL``: no request changed)."""
-    leases = SET_LEASE_PHASE_CONSTRUCT.returning(L.lease_id, L.request_id).cte("changed_lease")
+def _request_of(leases: Any, terminal: bool, payload: bool) -> tuple[Any, list[Any]]:
+    """For a lease edge written as a CTE ``leases`` (returning ``request_id``): the update of the request it
+    names (guarded by ``source`` and the lease's generation) and the delete of its payload (when ``payload``),
+    as CTEs; the request CTE and the counts so far (leases, requests, payloads)."""
     guard = (
         R.request_id.in_(select(leases.c.request_id)),
         R.state == P("source"),
@@ -156,6 +152,18 @@ def unread_move(terminal: bool, payload: bool) -> Statement:
             .cte("deleted_payload")
         )
         columns.append(_count(payloads).label("payloads"))
+    return requests, columns
+
+
+@functools.cache
+def unread_move(terminal: bool, payload: bool) -> Statement:
+    """PostgreSQL: :func:`combined_edge` of a ``MOVE`` for a lease its unit has not read first. The lease's
+    fenced update (guarded by the phase it leaves) comes first and locks its row; the request is the one
+    the changed lease names, and the payload that request's, so when the fence or the phase does not
+    match nothing changes (the caller then raises the refusal, which rolls the unit back as well). The
+    row also holds the request's ID (``NULL``: no request changed)."""
+    leases = SET_LEASE_PHASE_CONSTRUCT.returning(L.lease_id, L.request_id).cte("changed_lease")
+    requests, columns = _request_of(leases, terminal, payload)
     columns.append(select(requests.c.request_id).limit(1).scalar_subquery().label("request_id"))
     return Statement(select(*columns), only="postgresql")
 
@@ -173,22 +181,7 @@ def unread_release(payload: bool) -> Statement:
     and whether it held a budget reservation (``NULL`` for both: no lease deleted)."""
     charged = exists().where(BudgetCharge.charge_id == L.request_id).label("charged")
     leases = DELETE_LEASE_CONSTRUCT.returning(L.request_id, charged).cte("freed_lease")
-    guard = (
-        R.request_id.in_(select(leases.c.request_id)),
-        R.state == P("source"),
-        R.lease_generation == P("generation"),
-    )
-    values = {"state": P("target"), "terminal_at": P("now")}
-    requests = update(R).where(*guard).values(**values).returning(R.request_id).cte("changed_request")
-    columns = [_count(leases).label("leases"), _count(requests).label("requests")]
-    if payload:
-        payloads = (
-            delete(TurnPayload)
-            .where(TurnPayload.request_id.in_(select(leases.c.request_id)))
-            .returning(TurnPayload.request_id)
-            .cte("deleted_payload")
-        )
-        columns.append(_count(payloads).label("payloads"))
+    _requests, columns = _request_of(leases, True, payload)
     drain_state = select(PolicyState.drain_state).limit(1).scalar_subquery()
     columns += [
         func.coalesce(drain_state, literal("")).label("drain_state"),
