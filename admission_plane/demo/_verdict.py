@@ -39,7 +39,7 @@ def summarize(demo: DemoRun) -> dict[str, Any]:
         outcomes[state] += 1
 
     _check_basics(demo, status, final_state, admissions, events, correlation)
-    capacity = _check_capacity(demo, final_state)
+    capacity = _check_capacity(demo, final_state, events, correlation)
     killed = _check_victim(demo, final_state, admissions, activations)
 
     waits: dict[str, list[int]] = defaultdict(list)
@@ -119,7 +119,9 @@ def _check_basics(
             demo.violations.append(f"worker {worker.agent} exited with status {code}: {tail[0]}")
 
 
-def _check_capacity(demo: DemoRun, final_state: dict[str, str]) -> dict[str, Any] | None:
+def _check_capacity(
+    demo: DemoRun, final_state: dict[str, str], events: list[SanitizedEvent], correlation: dict[str, str]
+) -> dict[str, Any] | None:
     request_id = demo.capacity_request
     if request_id is None:
         return None
@@ -133,17 +135,35 @@ def _check_capacity(demo: DemoRun, final_state: dict[str, str]) -> dict[str, Any
         demo.violations.append("the injected capacity failure left no cooldown")
         return {"model": model, "observed": False}
     window = (not_before - demo.policy.capacity_cooldown_ms, not_before)
+    # The cooldown was written by the failed turn's completion, in the transaction that journalled its
+    # ``request_provider_terminal``: an admission journalled before it committed before the cooldown existed,
+    # whatever its connector's clock read (clocks are read before the write lock). One journalled after it,
+    # at a time (its ``now``) inside the window, is a violation.
+    cooled_at = min(
+        (
+            event.event_seq
+            for event in events
+            if event.kind == EventKind.REQUEST_PROVIDER_TERMINAL
+            and correlation.get(event.correlation_hmac) == request_id
+        ),
+        default=0,
+    )
+    admitted_at = {
+        correlation.get(event.correlation_hmac): (event.event_seq, event.occurred_at)
+        for event in events
+        if event.kind == EventKind.REQUEST_ADMITTED
+    }
     same_model, other_models, held_back = 0, 0, 0
     for other in demo.results.values():
         admitted = other.get("admitted_at")
         if other["request_id"] == request_id or admitted is None:
             continue
-        # The cooldown holds while not_before > now, so an admission at not_before is allowed.
-        inside = window[0] <= admitted < window[1]
         if other["model"] == model:
-            same_model += inside
+            # The cooldown holds while not_before > now, so an admission at not_before is allowed.
+            seq, decided = admitted_at.get(other["request_id"], (0, 0))
+            same_model += seq > cooled_at and window[0] <= decided < window[1]
         else:
-            other_models += inside
+            other_models += window[0] <= admitted < window[1]
             held_back += other["enqueued_at"] < window[0] and admitted > window[1] + 1_000
     if same_model:
         demo.violations.append(f"{same_model} turn(s) of the cooling model were admitted during its cooldown")
