@@ -163,8 +163,8 @@ class FloorConnector:
         """``enqueue_with_payload`` of a new request: the request, its owner, its payload, its index entry."""
         self._begin()
         assert self._one(policy.SELECT_POLICY) is None
-        assert self._one(requests.SELECT_REQUEST_META, {"request_id": request_id}) is None
-        self._execute(
+        # Inserted first, with no read before it: the stored request is read only on a conflict or a refusal.
+        inserted = self._execute(
             requests.INSERT_REQUEST,
             {
                 "request_id": request_id,
@@ -178,6 +178,7 @@ class FloorConnector:
                 "deadline_at": now + 1_800_000,
             },
         )
+        assert inserted == 1
         self._journal("request_enqueued", "absent", "queued", now)
         # The plane reads its own connector record until it has seen it committed (its first admission
         # does), then never again.
@@ -338,8 +339,12 @@ class FloorConnector:
     def commit_dispatch_intent(self, lease_id: str, request_id: str, generation: int, now: int) -> None:
         """``commit_dispatch_intent`` with the connector's and the child's process identity."""
         self._begin()
-        lease = self._lease(lease_id, generation)
-        assert self._one(dispatch.SELECT_IDENTITY, {"lease_id": lease_id}) is None
+        # The lease and whether process evidence exists for it, in one read.
+        found = self._one(dispatch.SELECT_LEASE_FOR_DISPATCH, {"lease_id": lease_id})
+        assert found is not None
+        *fence, charged, identified = found
+        assert (fence[2], fence[3], bool(charged), bool(identified)) == (generation, self.owner, False, False)
+        lease: tuple[str, str, int, str, str] = tuple(fence)  # type: ignore[assignment]
         assert lease[4] == "starting"
         self._move(lease, "dispatch_intent", "request_dispatch_intent", now)
         values = (request_id, generation, self.owner, *self._identity_tail)

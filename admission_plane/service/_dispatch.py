@@ -12,9 +12,13 @@ import time
 
 from ..errors import InvalidInputError, LeaseFenceError
 from ..states import EventKind, RequestState
-from ..store.rows import IdentityRow, as_params
-from ..store.statements.dispatch import INSERT_IDENTITY, SELECT_IDENTITY, SELECT_LEASE_WITH_REQUEST
-from ..store.statements.leases import SELECT_LEASE_FOR_UPDATE
+from ..store.rows import IdentityRow, LeaseRow, as_params
+from ..store.statements.dispatch import (
+    INSERT_IDENTITY,
+    SELECT_IDENTITY,
+    SELECT_LEASE_FOR_DISPATCH,
+    SELECT_LEASE_WITH_REQUEST,
+)
 from ..store.tx import Tx
 from ..store.unit_of_work import Gate, contention_name
 from ..values import DispatchIntentResult, DispatchRecord
@@ -67,21 +71,22 @@ def identity_row(record: DispatchRecord) -> IdentityRow:
 
 
 def _in_transaction(ctx: PlaneContext, tx: Tx, record: DispatchRecord) -> DispatchIntentResult:
-    lease = tx.one(SELECT_LEASE_FOR_UPDATE, {"lease_id": record.lease_id})
+    row = tx.row(SELECT_LEASE_FOR_DISPATCH, {"lease_id": record.lease_id})
+    lease = None if row is None else LeaseRow.from_row(row[:-1])
     if lease is None or (lease.request_id, lease.generation, lease.owner_instance_id) != (
         record.request_id,
         record.generation,
         record.owner_instance_id,
     ):
         return _not_committed("stale_lease")
-    existing = tx.one(SELECT_IDENTITY, {"lease_id": record.lease_id})
-    if lease.phase == S.DISPATCH_INTENT:
+    if lease.phase == S.DISPATCH_INTENT:  # a replay: its evidence, read after the lease's lock
+        existing = tx.one(SELECT_IDENTITY, {"lease_id": record.lease_id})
         if existing is not None and existing == identity_row(record):
             return DispatchIntentResult("committed", idempotent=True)
         return _not_committed("conflicting_intent")
     if lease.phase != S.STARTING:
         return _not_committed("stale_lease")
-    if existing is not None:
+    if row is not None and row[-1]:  # evidence without an intent: see ``SELECT_LEASE_FOR_DISPATCH``
         return _not_committed("conflicting_intent")
     committed_at = ctx.now()
     try:

@@ -19,6 +19,7 @@ from ..errors import (
     UnknownRequestError,
 )
 from ..evidence import ConnectorIdentity
+from ..policy import Policy
 from ..states import ABSENT, EventKind, RequestState
 from ..store.rows import RequestMeta, RequestStatus, as_params
 from ..store.statements.requests import (
@@ -130,12 +131,33 @@ def insert_request(ctx: PlaneContext, tx: Tx, meta: Metadata, now: int) -> tuple
 
     The policy in force decides the lane (it must name it), the queue deadline and, for a
     policy that refuses requests beyond the per-session limit, whether the session has room.
+
+    A replay is answered before any of those checks, as the original does (an exact replay
+    succeeds even under a policy that would now refuse the request), but the stored request
+    is read only when it can exist: the insert goes first (``ON CONFLICT DO NOTHING``) and a
+    conflict, or a refusal by a check, reads it. A new request thus costs no read (one round
+    trip fewer on PostgreSQL, one statement fewer under SQLite's write lock).
     """
     policy = _policy.effective(ctx, tx).policy
     lane = policy.default_lane if meta.lane is None else meta.lane
-    existing = tx.one(SELECT_REQUEST_META, {"request_id": meta.request_id})
-    if existing is not None:
-        return _replay(tx, meta, lane, existing), lane
+    try:
+        _admissible(tx, policy, meta, lane)
+    except (InvalidInputError, SessionLimitError):  # a refusal; a replay is answered first
+        existing = tx.one(SELECT_REQUEST_META, {"request_id": meta.request_id})
+        if existing is not None:
+            return _replay(tx, meta, lane, existing), lane
+        raise
+    params = {**as_params(meta), "lane": lane, "now": now, "deadline_at": now + policy.queue_timeout_ms}
+    if tx.execute(INSERT_REQUEST, params) == 0:  # stored already (a replay, or the same request enqueued beside it)
+        return _replay(tx, meta, lane, tx.one(SELECT_REQUEST_META, {"request_id": meta.request_id})), lane
+    _budgets.store_estimate(tx, meta.request_id, meta.estimated_tokens)
+    _journal.record(ctx, tx, EventKind.REQUEST_ENQUEUED, meta.request_id, ABSENT, S.QUEUED, now)
+    return EnqueueResult(meta.request_id, False), lane
+
+
+def _admissible(tx: Tx, policy: Policy, meta: Metadata, lane: str) -> None:
+    """Refuse a new request the policy cannot queue: an unknown lane, a full session (when the policy
+    refuses), an estimate no budget window could hold. Writes nothing (PostgreSQL may take the session lock)."""
     if all(known.name != lane for known in policy.lanes):
         raise InvalidInputError("request lane is not a lane of the admission policy")
     limit = policy.max_turns_per_session
@@ -146,12 +168,6 @@ def insert_request(ctx: PlaneContext, tx: Tx, meta: Metadata, now: int) -> tuple
         if held >= limit:
             raise SessionLimitError()
     _budgets.check_estimate(policy, meta.provider, meta.model, meta.estimated_tokens)
-    params = {**as_params(meta), "lane": lane, "now": now, "deadline_at": now + policy.queue_timeout_ms}
-    if tx.execute(INSERT_REQUEST, params) == 0:  # PostgreSQL: the same request, enqueued at this very moment
-        return _replay(tx, meta, lane, tx.one(SELECT_REQUEST_META, {"request_id": meta.request_id})), lane
-    _budgets.store_estimate(tx, meta.request_id, meta.estimated_tokens)
-    _journal.record(ctx, tx, EventKind.REQUEST_ENQUEUED, meta.request_id, ABSENT, S.QUEUED, now)
-    return EnqueueResult(meta.request_id, False), lane
 
 
 def _replay(tx: Tx, meta: Metadata, lane: str, stored: RequestMeta | None) -> EnqueueResult:

@@ -40,14 +40,20 @@ Why that is enough, operation by operation:
 * What a lease unit reads that another lease unit may change beside it:
 
   - ``mark_starting``: the concurrent-start limit and the start interval (it counts
-    starting leases and reads ``start_history``). It takes the start lock (``START_LOCK_KEY``): shared
-    when the leases of the whole start window are no more than the limit (then starting
-    ones, a subset of the window, stay within it whatever other starters do; only admission
-    grows the window, and never past the limit, which it checks under its own gate) and the
-    interval is 0 (nothing to space out); exclusive otherwise, which waits for every shared
-    starter to commit, so the exact count and the latest start it reads are final.
-    ``start_history`` rows are deleted with ``SKIP LOCKED``, so two shared starters never
-    wait for each other over them.
+    starting leases and reads ``start_history``). It reads the number of leases in the whole
+    start window with its lease (one statement, one snapshot with the policy). When that
+    number is no more than the limit and the interval is 0 (nothing to space out), the start
+    needs no count: starting leases, a subset of the window, stay within the limit whatever
+    other starters do, because only admission grows the window, never past the limit (it
+    checks under its own gate), and the limit cannot change beside a lease unit. Such a
+    start takes the start lock (``START_LOCK_KEY``) shared in its commit's round trip, so it
+    costs no round trip; any other start takes it exclusively before counting, which holds
+    back every shared start's commit until its own: nothing can start between its count (and
+    latest-start read) and its commit, so they are exact. (An exclusive starter whose window
+    read is older than a shared starter's saw the window shrink since; the shared starter's
+    argument above covers both.) No starter holds the lock shared while it waits to take it
+    exclusively, so starters never deadlock over it. ``start_history`` rows are deleted with
+    ``SKIP LOCKED``, so two shared starters never wait for each other over them.
   - Freeing a seat while a soft drain is pending: the drain completes when no seat is held,
     but two units freeing the last two seats would each still count the other's. The
     drain state cannot change beside a lease unit but by such a completion (starting a
@@ -81,21 +87,20 @@ from ..states import (
 from ..store.doorbell import Bell
 from ..store.rows import LeaseRow, PolicyRow
 from ..store.statements.leases import (
-    COUNT_START_WINDOW_SHARING_STARTS,
     COUNT_STARTING_LEASES,
     DELETE_OLD_STARTS,
     HEARTBEAT,
     INSERT_START,
     LATEST_START,
     MARK_SUSPECT,
-    SELECT_LEASE_AND_POLICY,
     SELECT_LEASE_FOR_UPDATE,
+    SELECT_START_READS,
     UPSERT_COOLDOWN,
 )
 from ..store.statements.policy import SELECT_POLICY
 from ..store.statements.requests import SELECT_REQUEST_META
 from ..store.tx import Tx
-from ..store.unit_of_work import ADMISSION_GATE_SHARED, DRAIN_LOCK, START_LOCK, Gate
+from ..store.unit_of_work import ADMISSION_GATE_SHARED, DRAIN_LOCK, SHARED_START_LOCK, START_LOCK, Gate
 from ..values import AdmittedLease, LeaseFence, LiveTurnCompletion, ReleasedLease, Usage, abandon_outcome
 from ._budgets import settle
 from ._context import PlaneContext
@@ -145,12 +150,14 @@ def _phased(lease: LeaseRow, phases: frozenset[RequestState], refusal: str) -> L
     return lease
 
 
-def _lease_and_policy(tx: Tx, lease_id: str) -> tuple[LeaseRow | None, PolicyRow | None]:
-    """PostgreSQL: the lease, row-locked, and the durable policy row, in one statement (``SELECT_LEASE_AND_POLICY``)."""
-    row = tx.row(SELECT_LEASE_AND_POLICY, {"lease_id": lease_id})
+def _start_reads(tx: Tx, lease_id: str) -> tuple[LeaseRow | None, PolicyRow | None, int]:
+    """PostgreSQL: the lease, row-locked, the durable policy row and the number of leases in the start
+    window, in one statement (``SELECT_START_READS``)."""
+    row = tx.row(SELECT_START_READS, {"lease_id": lease_id})
     if row is None:
-        return None, None
-    return LeaseRow.from_row(row[:-1]), None if row[-1] is None else PolicyRow.from_row(row[-1])
+        return None, None, 0
+    *lease, policy, window = row
+    return LeaseRow.from_row(lease), None if policy is None else PolicyRow.from_row(policy), int(window)
 
 
 def _free_seat(
@@ -200,8 +207,9 @@ def mark_starting(ctx: PlaneContext, fence: LeaseFence, now: int) -> None:
     def work(tx: Tx) -> None:
         admitted, refusal = frozenset({S.ADMITTED}), "lease is not admitted"
         # A live revision applies at once: the policy is read in this transaction.
-        if tx.dialect.name == "postgresql":  # the lease and the policy in one statement
-            found, policy_row = _lease_and_policy(tx, fence.lease_id)
+        window = None
+        if tx.dialect.name == "postgresql":  # the lease, the policy and the start window in one statement
+            found, policy_row, window = _start_reads(tx, fence.lease_id)
             lease = _phased(_fenced(found, fence), admitted, refusal)
             policy = effective_of(ctx, policy_row).policy
         else:
@@ -209,17 +217,10 @@ def mark_starting(ctx: PlaneContext, fence: LeaseFence, now: int) -> None:
             policy = effective(ctx, tx).policy
         interval = policy.min_start_interval_ms
         limit = policy.max_concurrent_starts
-        exact = not tx.shared
-        if tx.shared:  # a lease unit: see the module docstring for the start lock
-            if interval > 0:
-                tx.execute(START_LOCK)
-                exact = True
-            elif (tx.scalar(COUNT_START_WINDOW_SHARING_STARTS) or 0) > limit:
-                # Rare (a lowered limit): shared to exclusive. Two such upgraders deadlock; the
-                # server aborts one (40P01) and the unit of work runs it again from the start.
-                tx.execute(START_LOCK)
-                exact = True
-        if exact and (tx.scalar(COUNT_STARTING_LEASES) or 0) >= limit:
+        shared_start = tx.shared and interval == 0 and window is not None and window <= limit
+        if tx.shared and not shared_start:  # see the module docstring for the start lock
+            tx.execute(START_LOCK)
+        if not shared_start and (tx.scalar(COUNT_STARTING_LEASES) or 0) >= limit:
             raise AdmissionStateError("concurrent start limit reached")
         # With no minimum interval there is nothing to space out: a start stamped a little
         # before another connector's (clocks are read before the write lock) is not refused.
@@ -233,6 +234,8 @@ def mark_starting(ctx: PlaneContext, fence: LeaseFence, now: int) -> None:
         tx.count_neutral = interval == 0
         # Last, as nothing in this unit reads them: on PostgreSQL they travel with the commit (``Tx.send``).
         # Pruning after the read above changes nothing it sees: only starts before ``now - interval`` go.
+        if shared_start:
+            tx.send(SHARED_START_LOCK)
         tx.send(DELETE_OLD_STARTS, {"cutoff": now - interval})
         tx.send(INSERT_START, {"lease_id": fence.lease_id, "now": now})
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from sqlalchemy import insert, select
+from sqlalchemy import exists, insert, select
 
 from ..model import Lease, LeaseProcessIdentity, TurnRequest
 from ..rows import DispatchRow, IdentityRow, LeaseWithRequestRow
 from ..tx import Query, Statement
 from ._build import P
+from .leases import LEASE_COLUMNS
 
 R, L, LPI = TurnRequest, Lease, LeaseProcessIdentity
 
@@ -41,6 +42,18 @@ INSERT_IDENTITY = Statement(
         host_id=P("host_id"),
         **{column.key: P(column.key) for column in _IDENTITY_COLUMNS},
     )
+)
+#: A dispatch intent's first read: the lease, row-locked (``SELECT_LEASE_FOR_UPDATE``), and whether process
+#: evidence is recorded for it, in one statement. The flag comes from the statement's snapshot: when the
+#: statement waited for the lease's lock, a dispatch intent committed by the unit it waited for is not in it.
+#: So it is relied on only for a lease read in ``starting`` (no identity can have been recorded for a lease
+#: still starting: the one statement that records it moves the lease on in the same transaction, and the
+#: identity's primary key refuses a second one in any case); a lease already in ``dispatch_intent`` has its
+#: identity read again (``SELECT_IDENTITY``).
+SELECT_LEASE_FOR_DISPATCH = Statement(
+    select(*LEASE_COLUMNS, exists().where(LPI.lease_id == L.lease_id).label("identified"))
+    .where(L.lease_id == P("lease_id"))
+    .with_for_update(of=L)
 )
 SELECT_LEASE_WITH_REQUEST = Query(
     select(

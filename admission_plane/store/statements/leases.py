@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, delete, exists, func, insert, literal, select, update
+from sqlalchemy import delete, exists, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import aliased
 
 from ...states import START_WINDOW_PHASES, STARTING_PHASES
 from ..model import BudgetCharge, Cooldown, Lease, StartHistory
 from ..rows import LeaseRow
 from ..tx import Query, Scalar, Statement
-from ..unit_of_work import START_LOCK_KEY
 from ._build import P, fenced, one_of
 from .admission import json_row
 from .policy import SELECT_POLICY
@@ -25,16 +25,26 @@ SELECT_LEASE = Query(_lease, LeaseRow)
 #: The lease, row-locked until the transaction ends (a lease unit's first read; SQLite: plain,
 #: its write lock already covers the whole database).
 SELECT_LEASE_FOR_UPDATE = Query(_lease.with_for_update(of=L), LeaseRow)
-#: PostgreSQL: ``SELECT_LEASE_FOR_UPDATE`` and the policy row (``SELECT_POLICY`` as a JSON array, ``NULL``
-#: when none was claimed) in one statement: what ``mark_starting`` reads first. Why the policy read here
-#: is as current as one read after the lease's lock: if the statement waits for that lock, only the
-#: locked lease row is read again when it is granted; the rest keeps the statement's snapshot, taken
-#: after the unit's lease gate. Policy writes take both gates exclusively (``Gate.EXCLUSIVE``), so none
-#: commits between the two.
+_window = aliased(L, name="window_lease")
+#: PostgreSQL: ``SELECT_LEASE_FOR_UPDATE``, the policy row (``SELECT_POLICY`` as a JSON array, ``NULL`` when
+#: none was claimed) and the number of leases in the start window, in one statement: what ``mark_starting``
+#: reads first. Why the policy read here is as current as one read after the lease's lock: if the statement
+#: waits for that lock, only the locked lease row is read again when it is granted; the rest keeps the
+#: statement's snapshot, taken after the unit's lease gate. Policy writes take both gates exclusively
+#: (``Gate.EXCLUSIVE``), so none commits between the two. Why the window count may be that old: see
+#: ``service._lifecycle.mark_starting`` (only admission grows the window, never past the limit).
 #: (Rows other lease units write, such as a dispatch intent's identity, must not be read this way:
 #: a unit that waited for the lease would miss the one written by the unit it waited for.)
-SELECT_LEASE_AND_POLICY = Statement(
-    select(*LEASE_COLUMNS, json_row(SELECT_POLICY).label("policy"))
+SELECT_START_READS = Statement(
+    select(
+        *LEASE_COLUMNS,
+        json_row(SELECT_POLICY).label("policy"),
+        select(func.count())
+        .select_from(_window)
+        .where(one_of(_window.phase, START_WINDOW_PHASES))
+        .scalar_subquery()
+        .label("start_window"),
+    )
     .where(L.lease_id == P("lease_id"))
     .with_for_update(of=L),
     only="postgresql",
@@ -45,13 +55,6 @@ MARK_SUSPECT = Statement(
 )
 
 COUNT_STARTING_LEASES: Scalar[int] = Scalar(select(func.count()).select_from(L).where(one_of(L.phase, STARTING_PHASES)))
-#: PostgreSQL, in a lease unit: the leases in the start window, counted while taking the start
-#: lock shared (see ``service._lifecycle.mark_starting``).
-COUNT_START_WINDOW_SHARING_STARTS: Scalar[int] = Scalar(
-    select(func.count(), func.pg_advisory_xact_lock_shared(literal(START_LOCK_KEY, BigInteger)))
-    .select_from(L)
-    .where(one_of(L.phase, START_WINDOW_PHASES))
-)
 _old_starts = SH.started_at < P("cutoff")
 #: Forget starts older than the interval. PostgreSQL skips rows another starter is deleting
 #: (they are gone when it commits; no two starters wait for each other over them).

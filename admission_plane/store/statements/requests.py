@@ -43,8 +43,9 @@ _new_request = {
 }
 #: PostgreSQL: enqueues run side by side (``Gate.ENQUEUE``), so the same request enqueued twice at once
 #: inserts once; the other finds no row inserted (row count 0) and compares, as a replay does.
+#: A new request; nothing (row count 0) when one with its id is stored already.
 INSERT_REQUEST = Statement(
-    insert(R).values(**_new_request),
+    sqlite.insert(R).values(**_new_request).on_conflict_do_nothing(index_elements=[R.request_id]),
     postgresql=postgresql.insert(R).values(**_new_request).on_conflict_do_nothing(index_elements=[R.request_id]),
 )
 #: A session's requests still queued or holding a seat, counted up to ``limit`` (its limit at enqueue).

@@ -12,14 +12,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import pytest
 from admission_index import assert_index_consistent
-from dbutil import table_dump
+from dbutil import execute, table_dump
 from planes import PlaneFactory, activate, dispatch_record, enqueue
 
 from admission_plane import (
+    AdmissionConflictError,
     AdmissionPlane,
     AdmissionStateError,
+    Budget,
+    BudgetError,
+    InvalidInputError,
+    Lane,
     LeaseFence,
     LeaseFenceError,
     LiveTurnCompletion,
@@ -177,6 +183,48 @@ def test_starting_applies_a_live_revision_read_with_the_lease(make_plane: PlaneF
         plane.mark_starting(second, 1_006)
 
 
+def test_a_replay_is_answered_before_the_refusals_of_the_policy_in_force(
+    make_plane: PlaneFactory, database_url: str
+) -> None:
+    """An enqueue inserts first and reads the stored request only on a conflict or a refusal, yet answers as the
+    original does: under a connector whose policy would refuse the request (its lane unknown, its estimate over
+    every budget), an exact replay is idempotent and a replay with other metadata conflicts; a new request is
+    refused with the policy's own error. The conflict and the refusals write nothing."""
+    first = make_plane(policy=attrs.evolve(ROOMY, lanes=(Lane("interactive"), Lane("batch"))))
+    enqueue(first, "r", "agent-1", 1_000, lane="batch", estimated_tokens=5_000)
+    strict = make_plane(policy=attrs.evolve(ROOMY, budgets=(Budget("antigravity", max_tokens=1_000),)))
+    assert enqueue(strict, "r", "agent-1", 1_000, lane="batch", estimated_tokens=5_000).existed
+    before = table_dump(database_url)  # the replay recorded the second connector; nothing below writes
+    with pytest.raises(AdmissionConflictError):
+        enqueue(strict, "r", "agent-1", 1_000, lane="batch", estimated_tokens=4_000)
+    with pytest.raises(InvalidInputError, match="lane"):
+        enqueue(strict, "new", "agent-1", 1_000, lane="batch")
+    with pytest.raises(BudgetError):
+        enqueue(strict, "new", "agent-1", 1_000, estimated_tokens=5_000)
+    assert table_dump(database_url) == before
+    assert_index_consistent(database_url)
+
+
+def test_a_dispatch_intent_of_a_starting_lease_with_stray_evidence_is_refused_and_changes_nothing(
+    make_plane: PlaneFactory, database_url: str
+) -> None:
+    """Process evidence for a lease still ``starting`` (only a damaged database holds it: the intent that records
+    it moves the lease on) is read with the lease in one statement and refuses the intent as
+    ``conflicting_intent``, leaving every row as it was."""
+    plane = make_plane(policy=ROOMY)
+    enqueue(plane, "r", "agent-1", 1_000)
+    lease = plane.admit_request("r", 1_001, plane.owner_identity.owner_instance_id)
+    assert lease is not None
+    plane.mark_starting(lease, 1_002)
+    assert plane.commit_dispatch_intent(dispatch_record(plane, lease)).ok
+    execute(database_url, f"UPDATE leases SET phase = 'starting' WHERE lease_id = '{lease.lease_id}'")
+    execute(database_url, "UPDATE turn_requests SET state = 'starting' WHERE request_id = 'r'")
+    before = table_dump(database_url)
+    result = plane.commit_dispatch_intent(dispatch_record(plane, lease))
+    assert (result.status, result.reason) == ("not_committed", "conflicting_intent")
+    assert table_dump(database_url) == before
+
+
 # --- PostgreSQL: round trips per operation -------------------------------------------------------------------------
 
 
@@ -198,13 +246,15 @@ def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 @POSTGRES_ONLY
 def test_a_steady_state_turn_costs_its_documented_round_trips(make_plane: PlaneFactory, statements: list[str]) -> None:
-    """On PostgreSQL a steady-state turn (after the connector's first) is 22 round trips. Each unit's first carries
+    """On PostgreSQL a steady-state turn (after the connector's first) is 17 round trips. Each unit's first carries
     ``BEGIN``, the gates and the unit's first statement (``EXECUTE`` of it, prepared by name); its last carries
-    the journal, the writes nobody reads back and ``COMMIT``. Enqueue with payload 4; ``admit_request`` 4, a
-    read-only look (one statement) then the admission's 3 (begin with the reads, the reservation, commit; a
-    waiter's first attempt skips the look); starting 4 (the lease and the policy in one read); dispatch intent 4;
-    active 2; completion 2 (both its edges in one statement, the lease unread). A change that adds a round trip to
-    the hot path fails."""
+    the journal, the writes nobody reads back and ``COMMIT``. Enqueue with payload 3 (the policy, the insert
+    with no read before it, the owner binding with the commit); ``admit_request`` 4, a read-only look (one
+    statement) then the admission's 3 (begin with the reads, the reservation, commit; a waiter's first attempt
+    skips the look); starting 3 (the lease, the policy and the start window in one read; the move; the start
+    lock shared with the commit); dispatch intent 3 (the lease and whether evidence exists in one read); active
+    2; completion 2 (both its edges in one statement, the lease unread). A change that adds a round trip to the
+    hot path fails."""
     plane = make_plane(policy=ROOMY)
     owner = plane.owner_identity.owner_instance_id
 
@@ -229,10 +279,10 @@ def test_a_steady_state_turn_costs_its_documented_round_trips(make_plane: PlaneF
     turn("first", 10_000)  # the connector's record is written with its first request
     counts = turn("second", 20_000)
     assert counts == {
-        "enqueue": 4,
+        "enqueue": 3,
         "admission": 4,
-        "starting": 4,
-        "dispatch": 4,
+        "starting": 3,
+        "dispatch": 3,
         "active": 2,
         "completion": 2,
     }, counts

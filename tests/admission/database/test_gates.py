@@ -18,8 +18,8 @@ from dbutil import pg_engine
 from planes import dispatch_record, enqueue, lease_in_phase
 from sqlalchemy import Connection, text
 
-from admission_plane import AdmissionPlane, Policy
-from admission_plane.store.unit_of_work import ADVISORY_LOCK_KEY, LEASE_LOCK_KEY
+from admission_plane import AdmissionPlane, AdmissionStateError, Policy
+from admission_plane.store.unit_of_work import ADVISORY_LOCK_KEY, LEASE_LOCK_KEY, START_LOCK_KEY
 
 pytestmark = pytest.mark.parametrize(
     "database_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
@@ -173,3 +173,49 @@ def test_units_that_must_not_overlap_wait_for_each_other(
     finally:
         if running is not None:
             running.thread.join(FINISHES_WITHIN_S)
+
+
+def test_a_start_the_window_proves_commits_only_after_an_exact_starter_in_flight(
+    make_plane: Callable[..., AdmissionPlane], database_url: str
+) -> None:
+    """With the start window within the start limit and no interval, a start needs no count and takes the start lock
+    shared only in its commit's round trip: while an exact starter holds it exclusively (between its count and its
+    commit), the start runs its statements but does not commit; once the holder ends, it commits."""
+    plane = make_plane(policy=ROOMY)
+    lease = lease_in_phase(plane, "admitted", "held", now=1_000)
+    start = None
+    try:
+        with holding(database_url, f"SELECT pg_advisory_xact_lock({START_LOCK_KEY})"):
+            start = Running(lambda: plane.mark_starting(lease, 1_010))
+            assert not start.finished(STILL_WAITING_AFTER_S), "a start committed while an exact starter counted"
+            assert plane.get_request("held").state == "admitted", "nothing of the start is visible yet"
+        assert start.finished(FINISHES_WITHIN_S)
+    finally:
+        if start is not None:
+            start.thread.join(FINISHES_WITHIN_S)
+    assert plane.get_request("held").state == "starting"
+
+
+def test_a_start_whose_window_exceeds_a_lowered_limit_waits_for_starts_in_flight_then_counts(
+    make_plane: Callable[..., AdmissionPlane], database_url: str
+) -> None:
+    """Two leases admitted under two starts, then a connector whose policy allows one: the window no longer proves
+    the limit, so its start takes the start lock exclusively, which waits for a start in flight holding it shared,
+    and then counts exactly: the first start is accepted, the second refused."""
+    roomy = make_plane(policy=Policy(8, 2, 0, 1_800_000, 30_000))
+    first = lease_in_phase(roomy, "admitted", "first", now=1_000)
+    second = lease_in_phase(roomy, "admitted", "second", now=1_010, agent_id="agent-b")
+    strict = make_plane(policy=Policy(8, 1, 0, 1_800_000, 30_000))
+    start = None
+    try:
+        with holding(database_url, f"SELECT pg_advisory_xact_lock_shared({START_LOCK_KEY})"):
+            start = Running(lambda: strict.mark_starting(first, 1_020))
+            assert not start.finished(STILL_WAITING_AFTER_S), "an exact start did not wait for a start in flight"
+        assert start.finished(FINISHES_WITHIN_S)
+    finally:
+        if start is not None:
+            start.thread.join(FINISHES_WITHIN_S)
+    assert strict.get_request("first").state == "starting"
+    with pytest.raises(AdmissionStateError, match="concurrent start limit reached"):
+        strict.mark_starting(second, 1_030)
+    assert strict.get_request("second").state == "admitted"
