@@ -39,6 +39,8 @@ _GENERATION_KEY = "admission_plane_prepared_generation"
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
 _SQLITE_NAMED = sqlite.dialect(paramstyle="named")
+#: :meth:`Tx.closing`: a statement :meth:`Tx._prepared` has not decided on yet.
+_UNKNOWN: Any = object()
 
 #: A ``SELECT`` of any columns (SQLAlchemy types a select by its column types).
 AnySelect: TypeAlias = "Select[*tuple[Any, ...]]"
@@ -135,6 +137,7 @@ class Tx:
         "_deferred",
         "_opening",
         "_pending",
+        "_unprepared",
         "count_neutral",
         "dialect",
         "functions",
@@ -155,6 +158,9 @@ class Tx:
         #: PostgreSQL: the transaction's opening (``BEGIN`` and its gates) and how many statements it holds,
         #: until the first statement carries it (:meth:`open`).
         self._opening: tuple[str, int] | None = None
+        #: PostgreSQL: statements the commit carried as literal text because they were not prepared on the
+        #: connection yet; :meth:`prepare_carried` prepares them once the transaction is over.
+        self._unprepared: list[str] = []
         #: PostgreSQL, a lease unit: set by an operation whose writes change nothing admission counts or reads
         #: (:mod:`admission_plane.store.unit_of_work`); the unit then commits without the admission gate.
         self.count_neutral = False
@@ -249,28 +255,62 @@ class Tx:
     def closing(self, *first: str) -> list[str]:
         """PostgreSQL: the statements the commit's round trip carries before ``COMMIT``, with their values
         as literals (quoted by the driver): the opening if no statement carried it (:meth:`open`), then
-        ``first`` (constant text), then the sends still held back, then the deferred ones."""
+        ``first`` (constant text), then the sends still held back, then the deferred ones.
+
+        A statement already prepared by name on the connection is carried as ``EXECUTE`` of it, so the
+        server neither analyses nor plans it again (it reuses the generic plan); one not prepared yet is
+        carried as its own text and noted for :meth:`prepare_carried`. It is never prepared here: a
+        ``PREPARE`` the server refuses inside the transaction would abort it."""
         held = [*(self._pending or ()), *self._deferred]
         self._pending, self._deferred = ([] if self._pending is not None else None), []
         opening = () if self._opening is None else (self._opening[0],)
         self._opening = None
-        texts = []
+        known = self._known_prepared()
+        texts: list[tuple[str, Any]] = []
         for statement, params in held:
             sql, defaults = statement.compiled(self.dialect)
-            texts.append((sql, {**defaults, **params} if params else defaults))
+            values = {**defaults, **params} if params else defaults
+            prepared = None if known is None else known.get(sql, _UNKNOWN)
+            if prepared is _UNKNOWN:
+                self._unprepared.append(sql)
+            elif prepared is not None:
+                name, names = prepared
+                arguments = f"({', '.join(['%s'] * len(names))})" if names else ""
+                texts.append((f"EXECUTE {name}{arguments}", [values[each] for each in names]))
+                continue
+            # Each value in parentheses: a negative number's literal followed by the compiled cast
+            # (``-9223372036854775808::BIGINT``) would otherwise cast before negating, out of range.
+            texts.append((_PLACEHOLDER.sub(r"(\g<0>)", sql), values))
         return [*opening, *first, *self._literals(texts)]
+
+    def prepare_carried(self) -> None:
+        """PostgreSQL, after the commit: prepare by name the statements the commit carried as text, so the
+        next commits carry them as ``EXECUTE`` (:meth:`closing`). Once per statement and connection, in a
+        round trip of its own outside any transaction, like every ``PREPARE`` (:meth:`_prepared`)."""
+        unprepared, self._unprepared = self._unprepared, []
+        for sql in dict.fromkeys(unprepared):
+            self._prepared(sql)
+
+    def _known_prepared(self) -> dict[str, tuple[str, tuple[str, ...]] | None] | None:
+        """PostgreSQL: what :meth:`_prepared` has decided on this connection, by SQL text (``None``: the
+        connection keeps no session state for the plane)."""
+        info = getattr(self._connection, "info", None)
+        if not self.functions or not isinstance(info, dict):
+            return None
+        known: dict[str, tuple[str, tuple[str, ...]] | None] = info.setdefault(PREPARED_KEY, {})
+        return known
 
     def _prepared(self, sql: str) -> tuple[str, tuple[str, ...]] | None:
         """PostgreSQL: the name ``sql`` is prepared under on this connection (``PREPARE``, run once, in a round
         trip of its own, outside any transaction) and its parameters' names in the order of ``$1``, ``$2``, ...;
         ``None`` where the connection keeps no session state for the plane (no session functions) or the
         server cannot prepare the statement alone (a parameter whose type only the driver's value says)."""
-        info = getattr(self._connection, "info", None)
-        if not self.functions or not isinstance(info, dict):
+        known = self._known_prepared()
+        if known is None:
             return None
-        known: dict[str, tuple[str, tuple[str, ...]] | None] = info.setdefault(PREPARED_KEY, {})
         if sql in known:
             return known[sql]
+        info: dict[str, Any] = self._connection.info  # a dict: checked by _known_prepared
         generation = info.get(_GENERATION_KEY, 0)
         names: list[str] = []
 

@@ -90,6 +90,7 @@ from __future__ import annotations
 
 import enum
 import fcntl
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -107,6 +108,7 @@ from .failures import CONNECTION_LOST, connection_lost, driver_message
 from .tx import Statement, Tx
 
 T = TypeVar("T")
+_LOG = logging.getLogger(__name__)
 _IDLE = 0  # libpq's PQTRANS_IDLE: no transaction open on the connection
 
 #: ``pg_advisory_xact_lock`` key of the admission gate ("admissn" in ASCII): every writer of one plane
@@ -267,11 +269,21 @@ class UnitOfWork:
                 gate = (_LEASE_COMMIT_GATE,) if ordered else ()
                 self.tx.command("; ".join((*self.tx.closing(*gate), ending)))
             self._committed = True
+            self._prepare_carried()
             return
         self._connection.commit()
         self._committed = True
         if self._gate is not None and self.tx.rings:
             self._gate.ring(self.tx.rings)
+
+    def _prepare_carried(self) -> None:
+        """After a PostgreSQL commit: prepare what the commit carried as text (:meth:`Tx.prepare_carried`).
+        The unit has committed, so no failure here may reach its caller as the unit's: a connection that
+        died since is found out by the next unit that uses it, as it would have been anyway."""
+        try:
+            self.tx.prepare_carried()
+        except self._engine.dialect.loaded_dbapi.Error as error:
+            _LOG.debug("statements not prepared after a commit (%s)", type(error).__name__)
 
     def __exit__(
         self,

@@ -10,6 +10,7 @@ move, which must change nothing.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import attrs
@@ -265,6 +266,7 @@ def test_a_steady_state_turn_costs_its_documented_round_trips(make_plane: PlaneF
             statements.clear()
             result = call()
             counts[name] = len(statements)
+            carried.extend(sent for sent in statements if sent.endswith("COMMIT"))
             return result
 
         step("enqueue", lambda: enqueue(plane, request_id, "agent-1", now))
@@ -276,8 +278,16 @@ def test_a_steady_state_turn_costs_its_documented_round_trips(make_plane: PlaneF
         step("completion", lambda: plane.complete_live_turn(lease, now + 5, LiveTurnCompletion("completed")))
         return counts
 
+    carried: list[str] = []
     turn("first", 10_000)  # the connector's record is written with its first request
+    carried.clear()
     counts = turn("second", 20_000)
+    # What a commit carries was prepared by name after the first turn's commits: it runs as EXECUTE (no parse,
+    # analysis or planning of its text on the server); only the gate, the doorbell and COMMIT are text.
+    parts = [part for sent in carried for part in re.split(r"; (?=EXECUTE |SELECT |COMMIT$)", sent)]
+    assert len(carried) == 6 and parts
+    texts = [part for part in parts if not part.startswith(("EXECUTE admission_plane_", "COMMIT"))]
+    assert all(re.match(r"SELECT pg_(advisory_xact_lock_shared|notify)\(", text) for text in texts), texts
     assert counts == {
         "enqueue": 3,
         "admission": 4,

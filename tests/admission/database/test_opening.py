@@ -6,6 +6,10 @@ once per connection, in a round trip of its own). These tests drive units on an 
 plane's own making and check what a user relies on: the values arrive exactly as given (any text,
 bytes, ``NULL``), a statement the server cannot prepare alone still runs, a unit after a rolled-back
 one still runs, and one whose named statement was deallocated behind the library's back runs again.
+
+The statements a commit carries (``Tx.send``, ``Tx.defer``) are text the first time and are prepared by
+name once the commit is over (``Tx.prepare_carried``); later commits carry them as ``EXECUTE``. The same
+promises hold for them, and a failure while preparing after a commit never reaches the unit's caller.
 """
 
 from __future__ import annotations
@@ -14,9 +18,23 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from dbutil import execute, query
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import BigInteger, Engine, LargeBinary, Text, bindparam, cast, literal_column, select
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Engine,
+    LargeBinary,
+    MetaData,
+    Table,
+    Text,
+    bindparam,
+    cast,
+    insert,
+    literal_column,
+    select,
+)
 
 from admission_plane.store.engine import create_admission_engine
 from admission_plane.store.tx import PREPARED_KEY, Statement, Tx
@@ -37,6 +55,15 @@ ECHO = Statement(
 #: A parameter whose type nothing in the statement says: the server cannot prepare it alone (the driver, which
 #: sends an integer's type with it, can run it).
 UNTYPED = Statement(select(literal_column("1").label("one")).where(bindparam("flag").is_not(None)))
+
+
+#: A table of the test's own for what commits carry (created by the ``carried`` fixture).
+CARRIED_TABLE = Table(
+    "carried_values", MetaData(), Column("text", Text), Column("number", BigInteger), Column("blob", LargeBinary)
+)
+CARRY = Statement(
+    insert(CARRIED_TABLE).values(text=bindparam("text"), number=bindparam("number"), blob=bindparam("blob"))
+)
 
 
 @pytest.fixture
@@ -133,3 +160,75 @@ def test_a_unit_whose_statement_was_deallocated_behind_its_back_runs_again(engin
         cursor.execute("DEALLOCATE ALL", prepare=False)
     assert server_statements(engine) == set()
     assert echo(engine, {"text": "d", "number": 4, "blob": None}) == ("d", 4, None, "d")
+
+
+@pytest.fixture
+def carried(database_url: str) -> Iterator[str]:
+    """``carried_values``, created for the test and dropped after it."""
+    execute(database_url, "CREATE TABLE carried_values (text TEXT, number BIGINT, blob BYTEA)")
+    yield database_url
+    execute(database_url, "DROP TABLE carried_values")
+
+
+def carry(engine: Engine, values: dict[str, Any]) -> None:
+    """One unit that only sends ``CARRY``: the opening, the insert and ``COMMIT`` in one round trip."""
+    run(engine, lambda tx: tx.send(CARRY, values), gate=Gate.LEASE)
+
+
+def test_what_a_commit_carries_is_prepared_after_it_and_executed_by_name_after_that(
+    engine: Engine, carried: str
+) -> None:
+    """The first commit carries the insert as text and prepares it after the commit; the next ones carry
+    ``EXECUTE`` of it, with awkward values (quotes, a statement separator, backslashes, ``NULL``, zero bytes)
+    arriving exactly as given, every row once."""
+    values = [
+        {"text": "it's; COMMIT; --", "number": -(2**63), "blob": b"\x00\x00'"},
+        {"text": "\\ $1 %s \u00e9\u4e2d", "number": 2**63 - 1, "blob": None},
+        {"text": "", "number": 0, "blob": b""},
+    ]
+    carry(engine, values[0])
+    known = prepared_names(engine)
+    assert len(known) == 1
+    ((name, parameters),) = known.values()
+    assert parameters == ("text", "number", "blob")
+    assert name in server_statements(engine)
+    for each in values[1:]:
+        carry(engine, each)
+    assert prepared_names(engine) == known  # executed by name, not prepared again
+    rows = query(carried, "SELECT text, number, blob FROM carried_values")
+    assert sorted(rows, key=repr) == sorted(((v["text"], v["number"], v["blob"]) for v in values), key=repr)
+
+
+def test_a_commit_whose_carried_statement_was_deallocated_behind_its_back_runs_again(
+    engine: Engine, carried: str
+) -> None:
+    """Something else deallocates the connection's statements after the insert was prepared: the commit's
+    ``EXECUTE`` fails before ``COMMIT`` runs, the unit is rolled back and run again, and its row is written
+    exactly once."""
+    carry(engine, {"text": "first", "number": 1, "blob": None})
+    assert prepared_names(engine)
+    with engine.connect() as connection:
+        cursor = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        cursor.execute("DEALLOCATE ALL", prepare=False)
+    carry(engine, {"text": "second", "number": 2, "blob": None})
+    assert sorted(query(carried, "SELECT text, number FROM carried_values")) == [("first", 1), ("second", 2)]
+
+
+def test_a_failure_while_preparing_after_a_commit_does_not_reach_the_caller(
+    engine: Engine, carried: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unit has committed when the carried statements are prepared: a driver error then (simulated here, as
+    a connection lost at that instant cannot be timed) is not the unit's; it returns, its row is written, and
+    the statement is carried as text until it is prepared."""
+    import psycopg
+
+    def lost(self: Tx, sql: str) -> None:
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(Tx, "_prepared", lost)
+    carry(engine, {"text": "committed", "number": 1, "blob": None})
+    monkeypatch.undo()
+    assert query(carried, "SELECT text FROM carried_values") == [("committed",)]
+    assert prepared_names(engine) == {}
+    carry(engine, {"text": "again", "number": 2, "blob": None})
+    assert len(prepared_names(engine)) == 1
