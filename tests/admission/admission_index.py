@@ -21,6 +21,8 @@ GROUPS = {
     "queue_agents": ("lane", "provider", "model", "agent_id"),
     "queue_keys": ("lane", "provider", "model"),
 }
+#: Every table of the index: what follows from the queue's rows and nothing else.
+INDEX_TABLES = ("queue_entries", *GROUPS)
 ENTRY_COLUMNS = ("request_id", "lane", "provider", "model", "agent_id", "session_id", "enqueued_at")
 _ADMISSIBLE = (
     "SELECT r.request_id, r.lane, r.provider, r.model, r.agent_id, r.session_id, r.enqueued_at FROM turn_requests r "
@@ -78,4 +80,4 @@ def _order(head: tuple[int, str]) -> tuple[int, bytes]:
     return head[0], head[1].encode()
 
 
-__all__ = ["actual_index", "assert_index_consistent", "expected_index", "index_differences"]
+__all__ = ["INDEX_TABLES", "actual_index", "assert_index_consistent", "expected_index", "index_differences"]
