@@ -27,6 +27,7 @@ import tempfile
 from typing import Any
 
 import attrs
+import pytest
 from admission_index import INDEX_TABLES, index_differences
 from dbutil import query, table_dump
 from fake_proc import FakeProc
@@ -581,5 +582,7 @@ AdmissionMachine.TestCase.settings = settings(
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-TestAdmissionStateMachine = AdmissionMachine.TestCase
+# When an example fails, Hypothesis shrinks it for up to 300 s (its own cap) before reporting it: the suite's
+# 300 s per-test timeout would cut that short and hide the failing steps behind a timeout.
+TestAdmissionStateMachine = pytest.mark.timeout(480)(AdmissionMachine.TestCase)
 TestAdmissionStateMachine.__doc__ = "Random valid and invalid operation sequences never break an admission invariant."
