@@ -90,7 +90,8 @@ def _in_transaction(ctx: PlaneContext, tx: Tx, record: DispatchRecord) -> Dispat
         return _not_committed("conflicting_intent")
     committed_at = ctx.now()
     try:
-        change(ctx, tx, lease, EventKind.REQUEST_DISPATCH_INTENT, S.DISPATCH_INTENT, committed_at)
+        # The lease was read locked and checked against the record's fence and phase above.
+        change(ctx, tx, lease, EventKind.REQUEST_DISPATCH_INTENT, S.DISPATCH_INTENT, committed_at, locked=True)
     except LeaseFenceError:
         return _not_committed("stale_lease")
     values = as_params(identity_row(record))

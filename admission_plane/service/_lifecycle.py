@@ -228,7 +228,7 @@ def mark_starting(ctx: PlaneContext, fence: LeaseFence, now: int) -> None:
             latest = tx.scalar(LATEST_START)
             if latest is not None and now < latest + interval:
                 raise AdmissionStateError("start interval has not elapsed")
-        change(ctx, tx, lease, K.REQUEST_STARTING, S.STARTING, now)
+        change(ctx, tx, lease, K.REQUEST_STARTING, S.STARTING, now, locked=True)  # read locked, fenced, phased
         # admitted -> starting keeps the lease in the start window, and with no interval no limit depends on when
         # a start happened: nothing admission counts changes (``Tx.count_neutral``).
         tx.count_neutral = interval == 0

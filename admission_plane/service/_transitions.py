@@ -41,6 +41,7 @@ from ..store.statements.transitions import (
     SET_LEASE_PHASE,
     SET_REQUEST_STATE,
     combined_edge,
+    sent_edge,
     unread_move,
     unread_release,
 )
@@ -93,6 +94,7 @@ def change(
     now: int,
     *,
     source: str | None = None,
+    locked: bool = False,
 ) -> bool:
     """Move ``subject`` along ``event`` to ``target``; ``False`` if a queued request had already left.
 
@@ -100,6 +102,11 @@ def change(
     live turn's ``provider_terminal`` step). Raises :class:`LeaseFenceError` when the
     lease no longer matches its fence, :class:`AdmissionStateError` for an edge the table
     does not have or a request that diverged from its lease.
+
+    ``locked``: the unit read ``subject`` (a lease) row-locked and checked it against its fence
+    and phase, so its move cannot miss. On PostgreSQL with the session functions a plain phase
+    move is then sent with the unit's commit and checked on the server (``sent_edge``): a round
+    trip fewer, and the same errors, raised by the commit instead of here.
     """
     if isinstance(subject, QueuedRequest):
         return _leave_queue(ctx, tx, subject, edge(event, RequestState.QUEUED, target), now)
@@ -110,7 +117,7 @@ def change(
         _complete_drain(ctx, tx, subject, edge(event, DrainState.SOFT_DRAINING_TO_1.journal_token, target), now)
         return True
     moved = edge(event, subject.phase if source is None else source, target)
-    _move_lease(ctx, tx, subject, moved, now)
+    _move_lease(ctx, tx, subject, moved, now, locked=locked)
     return True
 
 
@@ -229,9 +236,11 @@ def end_unread(
     return lease, drain_state
 
 
-def _move_lease(ctx: PlaneContext, tx: Tx, lease: LeaseRow, move: Transition, now: int) -> str | None:
+def _move_lease(
+    ctx: PlaneContext, tx: Tx, lease: LeaseRow, move: Transition, now: int, *, locked: bool = False
+) -> str | None:
     """Apply a lease edge; on PostgreSQL, when it deletes the lease, return the policy's drain state
-    read by the same statement (``''``: no durable policy; ``None``: not read)."""
+    read by the same statement (``''``: no durable policy; ``None``: not read). ``locked``: see :func:`change`."""
     fence = {
         "lease_id": lease.lease_id,
         "owner_instance_id": lease.owner_instance_id,
@@ -241,6 +250,12 @@ def _move_lease(ctx: PlaneContext, tx: Tx, lease: LeaseRow, move: Transition, no
     }
     terminal = move.target in TERMINAL_STATES
     params = {"request_id": lease.request_id, "generation": lease.generation, "now": now}
+    sendable = move.lease is LeaseEffect.MOVE and move.target not in PAYLOAD_DELETED_STATES
+    if locked and sendable and tx.functions and lease.phase == move.source:
+        # Checked on the server, with the commit (store.statements.transitions.sent_edge).
+        tx.send(sent_edge(terminal), {**fence, **params, "source": lease.phase, "target": move.target})
+        _finish(ctx, tx, lease.request_id, move, now)
+        return None
     if tx.dialect.name == "postgresql" and move.lease in _COMBINED:
         # One round trip for the lease, the request and the payload (store.statements.transitions).
         payload = move.target in PAYLOAD_DELETED_STATES

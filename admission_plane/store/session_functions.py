@@ -1,6 +1,6 @@
 """PostgreSQL: what each pooled connection is given when the pool opens it: generic plans for the plane's
-prepared statements (:data:`GENERIC_PLANS`), and the admission index's chains of statements as one
-server-side call each.
+prepared statements (:data:`GENERIC_PLANS`), the admission index's chains of statements as one
+server-side call each, and the check of a lease edge sent with its unit's commit (:data:`_EXPECT_EDGE`).
 
 Why: keeping the admission index (:mod:`admission_plane.store.statements.queue`) in step is a
 chain of statements, each deciding whether the next runs (a group's head is lowered, or moved
@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-__all__ = ["FUNCTIONS_KEY", "INSTALL", "install"]
+__all__ = ["FENCE_REFUSED", "FUNCTIONS_KEY", "INSTALL", "REQUEST_DIVERGED", "install"]
 
 _IDLE = 0  # libpq's PQTRANS_IDLE
 #: The pool record's ``info`` key that says whether a connection holds the functions.
@@ -130,13 +130,28 @@ _REMOVE = (
     + "\nEND\n$fn$"
 )
 
+#: ``SQLSTATE`` of :data:`_EXPECT_EDGE`'s refusals: the lease's fence (``..001``) and a request that diverged
+#: from its lease (``..002``), turned into the library's errors by :func:`admission_plane.store.unit_of_work.run`.
+FENCE_REFUSED, REQUEST_DIVERGED = "AP001", "AP002"
+#: A lease edge's checks on the server, for an edge sent with its unit's commit: raise (so nothing commits)
+#: unless exactly one lease and one request changed (``store.statements.transitions.sent_edge``).
+_EXPECT_EDGE = (
+    "CREATE OR REPLACE FUNCTION pg_temp.admission_plane_expect_edge(p_leases bigint, p_requests bigint, "
+    "p_target text) RETURNS void LANGUAGE plpgsql AS $fn$\nBEGIN"
+    f"\n  IF p_leases <> 1 THEN RAISE EXCEPTION USING ERRCODE = '{FENCE_REFUSED}',"
+    " MESSAGE = 'lease fence does not match'; END IF;"
+    f"\n  IF p_requests <> 1 THEN RAISE EXCEPTION USING ERRCODE = '{REQUEST_DIVERGED}',"
+    " MESSAGE = 'lease and request state diverged at ' || p_target; END IF;"
+    "\nEND\n$fn$"
+)
+
 #: Every statement of the plane is prepared on the server once per connection (``prepare_threshold=0``),
 #: and its tables are small and keyed: a generic plan serves each execution as well as a fresh one.
 #: PostgreSQL would plan each of the first executions again, and keeps doing so when it estimates a
 #: generic plan dearer (planning the admission's one-statement read costs twice its execution).
 GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"
-#: The text that creates both functions on a connection (one round trip, the simple query protocol).
-INSTALL = f"{_ADD}; {_REMOVE}"
+#: The text that creates the functions on a connection (one round trip, the simple query protocol).
+INSTALL = f"{_ADD}; {_REMOVE}; {_EXPECT_EDGE}"
 
 
 def install(dbapi_connection: Any, record: Any) -> None:

@@ -101,10 +101,11 @@ from sqlalchemy import BigInteger, Engine, func, literal, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import PoolProxiedConnection
 
-from ..errors import AdmissionBusyError, AdmissionDatabaseError
+from ..errors import AdmissionBusyError, AdmissionDatabaseError, AdmissionError, AdmissionStateError, LeaseFenceError
 from .doorbell import CHANNEL, Chimes, open_gate_file, ring
 from .engine import SQLITE_BEGIN, writer_lock_path
 from .failures import CONNECTION_LOST, connection_lost, driver_message
+from .session_functions import FENCE_REFUSED, REQUEST_DIVERGED
 from .tx import Statement, Tx
 
 T = TypeVar("T")
@@ -367,6 +368,19 @@ def contention_name(error: BaseException) -> str | None:
     return None
 
 
+def _refused_on_server(error: BaseException) -> AdmissionError | None:
+    """The library's error for a PostgreSQL refusal raised by one of its own server-side checks
+    (:data:`~admission_plane.store.session_functions.FENCE_REFUSED`, ``REQUEST_DIVERGED``), else ``None``."""
+    original = error.orig if isinstance(error, DBAPIError) else error
+    state = getattr(original, "sqlstate", None)
+    if state == FENCE_REFUSED:
+        return LeaseFenceError()
+    if state == REQUEST_DIVERGED:
+        message = getattr(getattr(original, "diag", None), "message_primary", None)
+        return AdmissionStateError(message or "lease and request state diverged")
+    return None
+
+
 def run(
     engine: Engine,
     work: Callable[[Tx], T],
@@ -398,6 +412,9 @@ def run(
         except (DBAPIError, driver_error) as error:
             if uow.connection_lost:
                 raise AdmissionDatabaseError(f"{CONNECTION_LOST}: {driver_message(error)}") from error
+            refusal = _refused_on_server(error)
+            if refusal is not None:  # a check sent with the commit refused it: nothing was committed
+                raise refusal from error
             name = contention_name(error)
             lost_statement = getattr(getattr(error, "orig", error), "sqlstate", None) == _PREPARED_LOST
             if (name in POSTGRES_RETRYABLE or lost_statement) and attempt < attempts - 1:

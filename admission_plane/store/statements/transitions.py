@@ -132,6 +132,22 @@ def combined_edge(effect: LeaseEffect, terminal: bool, payload: bool) -> Stateme
     return Statement(select(*columns))
 
 
+@functools.cache
+def sent_edge(terminal: bool) -> Statement:
+    """PostgreSQL, on a connection holding the session functions: a lease's phase move and its request's
+    edge (no payload deleted), written as ``combined_edge(LeaseEffect.MOVE, terminal, False)`` writes them,
+    but checked on the server (``pg_temp.admission_plane_expect_edge``, which raises unless exactly one
+    lease and one request changed) instead of by the caller reading its counts. Nothing is read back, so a
+    unit may send it with its commit (``Tx.send``); a refusal then aborts the commit. Only for a lease the
+    unit has locked and checked against its fence and phase (``service._transitions.change(locked=True)``):
+    the lease side cannot miss then, and the request side misses only in a damaged database."""
+    request = END_LEASED_REQUEST_CONSTRUCT if terminal else SET_REQUEST_STATE_CONSTRUCT
+    leases = SET_LEASE_PHASE_CONSTRUCT.returning(L.lease_id).cte("changed_lease")
+    requests = request.returning(R.request_id).cte("changed_request")
+    check = func.pg_temp.admission_plane_expect_edge(_count(leases), _count(requests), cast(P("target"), Text))
+    return Statement(select(check), only="postgresql")
+
+
 def _request_of(leases: Any, terminal: bool, payload: bool) -> tuple[Any, list[Any]]:
     """For a lease edge written as a CTE ``leases`` (returning ``request_id``): the update of the request it
     names (guarded by ``source`` and the lease's generation) and the delete of its payload (when ``payload``),

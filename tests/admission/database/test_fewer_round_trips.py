@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 import pytest
 from admission_index import assert_index_consistent
-from dbutil import execute, table_dump
+from dbutil import execute, is_postgres, table_dump
 from planes import PlaneFactory, activate, dispatch_record, enqueue
 
 from admission_plane import (
@@ -35,6 +35,7 @@ from admission_plane import (
     UnknownLeaseError,
 )
 from admission_plane.service._selection import PAGE
+from admission_plane.store.session_functions import REQUEST_DIVERGED
 from admission_plane.store.statements.admission import FIRST_PAGE_KEYS
 
 ROOMY = Policy(32, 32, 0, 1_800_000, 30_000)
@@ -226,6 +227,34 @@ def test_a_dispatch_intent_of_a_starting_lease_with_stray_evidence_is_refused_an
     assert table_dump(database_url) == before
 
 
+@pytest.mark.parametrize("operation", ["starting", "dispatch"])
+def test_a_request_diverged_from_its_locked_lease_refuses_the_move_and_changes_nothing(
+    make_plane: PlaneFactory, database_url: str, operation: str
+) -> None:
+    """A move of a lease the unit holds locked is checked on the server with the commit on PostgreSQL (and at
+    once on SQLite): a request whose state no longer matches its lease (only a damaged database holds one)
+    refuses the move with :class:`AdmissionStateError` on both dialects (a dispatch intent answers
+    ``transaction_fault``), and nothing is committed."""
+    plane = make_plane(policy=ROOMY)
+    enqueue(plane, "r", "agent-1", 1_000)
+    lease = plane.admit_request("r", 1_001, plane.owner_identity.owner_instance_id)
+    assert lease is not None
+    if operation == "dispatch":
+        plane.mark_starting(lease, 1_002)
+    execute(database_url, "UPDATE turn_requests SET state = 'recovery_required' WHERE request_id = 'r'")
+    before = table_dump(database_url)
+    if operation == "starting":
+        with pytest.raises(AdmissionStateError, match="diverged at starting") as refused:
+            plane.mark_starting(lease, 1_003)
+        cause = refused.value.__cause__
+        refused_by = getattr(getattr(cause, "orig", cause), "sqlstate", None)
+        assert refused_by == (REQUEST_DIVERGED if is_postgres(database_url) else None)  # the server's check
+    else:
+        result = plane.commit_dispatch_intent(dispatch_record(plane, lease))
+        assert (result.status, result.reason) == ("not_committed", "transaction_fault")
+    assert table_dump(database_url) == before
+
+
 # --- PostgreSQL: round trips per operation -------------------------------------------------------------------------
 
 
@@ -247,14 +276,15 @@ def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 @POSTGRES_ONLY
 def test_a_steady_state_turn_costs_its_documented_round_trips(make_plane: PlaneFactory, statements: list[str]) -> None:
-    """On PostgreSQL a steady-state turn (after the connector's first) is 17 round trips. Each unit's first carries
+    """On PostgreSQL a steady-state turn (after the connector's first) is 15 round trips. Each unit's first carries
     ``BEGIN``, the gates and the unit's first statement (``EXECUTE`` of it, prepared by name); its last carries
     the journal, the writes nobody reads back and ``COMMIT``. Enqueue with payload 3 (the policy, the insert
     with no read before it, the owner binding with the commit); ``admit_request`` 4, a read-only look (one
     statement) then the admission's 3 (begin with the reads, the reservation, commit; a waiter's first attempt
-    skips the look); starting 3 (the lease, the policy and the start window in one read; the move; the start
-    lock shared with the commit); dispatch intent 3 (the lease and whether evidence exists in one read); active
-    2; completion 2 (both its edges in one statement, the lease unread). A change that adds a round trip to the
+    skips the look); starting 2 (the lease, the policy and the start window in one read; the move, checked on
+    the server, and the start lock shared, with the commit); dispatch intent 2 (the lease and whether evidence
+    exists in one read; the move, checked on the server, with the evidence and the commit); active 2;
+    completion 2 (both its edges in one statement, the lease unread). A change that adds a round trip to the
     hot path fails."""
     plane = make_plane(policy=ROOMY)
     owner = plane.owner_identity.owner_instance_id
@@ -291,8 +321,8 @@ def test_a_steady_state_turn_costs_its_documented_round_trips(make_plane: PlaneF
     assert counts == {
         "enqueue": 3,
         "admission": 4,
-        "starting": 3,
-        "dispatch": 3,
+        "starting": 2,
+        "dispatch": 2,
         "active": 2,
         "completion": 2,
     }, counts
