@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 import pytest
 from admission_index import actual_index, assert_index_consistent, expected_index, index_differences
-from dbutil import execute, table_names
+from dbutil import execute, scalar, table_dump, table_names
 from hypothesis import HealthCheck, Phase, event, example, given, settings
 from hypothesis import strategies as st
 from planes import CONTENT_KEY, ENCRYPTION_KEY, activate
@@ -502,3 +502,30 @@ def _kind(outcome: object) -> str:
     if isinstance(outcome, str) and outcome.endswith("Error"):
         return outcome
     return "none" if outcome is None else "done"
+
+
+@ON_POSTGRES
+def test_a_turn_behind_a_pooler_checks_its_moves_on_the_client_and_ends_as_with_the_functions(
+    open_plane: PlaneOpener, database_url: str
+) -> None:
+    """Without the functions (behind a pooler) starting and the dispatch intent run their moves at once and check
+    them on the client instead of sending them with the commit: a whole turn still ends completed, and a request
+    that diverged from its lease refuses starting with the same error and nothing changed."""
+    pooled = open_plane(database_url, **STATEMENTS)
+    assert session_state(pooled.engine)[0] is False
+    owner = pooled.owner_identity.owner_instance_id
+    put(pooled, "whole", 1_000)
+    lease = pooled.admit_request("whole", 1_001, owner)
+    assert lease is not None
+    activate(pooled, lease, 1_001)
+    pooled.complete_live_turn(lease, 1_010, LiveTurnCompletion("completed"))
+    assert scalar(database_url, "SELECT state FROM turn_requests WHERE request_id = 'whole'") == "completed"
+    put(pooled, "diverged", 2_000)
+    second = pooled.admit_request("diverged", 2_001, owner)
+    assert second is not None
+    execute(database_url, "UPDATE turn_requests SET state = 'recovery_required' WHERE request_id = 'diverged'")
+    before = table_dump(database_url)
+    with pytest.raises(AdmissionError, match="diverged at starting") as refused:
+        pooled.mark_starting(second, 2_002)
+    assert refused.value.__cause__ is None  # refused by the client's check, not by the server's
+    assert table_dump(database_url) == before
