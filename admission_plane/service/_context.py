@@ -123,6 +123,8 @@ class PlaneContext:
         self.owner_recorded = False
         #: Budget reservations this plane made (settled charges are pruned every so many).
         self.reservations = 0
+        #: Whether this plane's last wait for admission had to wait (a hint, see ``_waiting``).
+        self.queue_busy = False
         self._owns_engine = owns_engine
         self._closed = False
         self._close_lock = threading.Lock()

@@ -50,8 +50,12 @@ def wait_for_admission(
     listening = doorbell if isinstance(doorbell, ListeningDoorbell) else None
     release: Callable[[], None] | None = None
     delay = initial_delay_ms / 1000
-    # PostgreSQL: the first attempt writes at once (see ``admit_request``); later ones look first.
-    direct = ctx.engine.dialect.name == "postgresql"
+    # PostgreSQL: the first attempt writes at once (see ``admit_request``), unless this plane's last wait had
+    # to wait: the queue is then likely busy, and a first attempt that takes the admission gate only to find
+    # nothing to admit holds back every other admission and lease commit for nothing (measured: 16 connectors
+    # on 8 seats). Later attempts look first. Only a hint: the writing attempt re-checks everything either way.
+    direct = ctx.engine.dialect.name == "postgresql" and not ctx.queue_busy
+    first = True
     try:
         while True:
             seen = None if doorbell is None else doorbell.read()
@@ -59,7 +63,9 @@ def wait_for_admission(
             lease, wake = admit_request(ctx, request_id, now, owner_instance_id, direct=direct, parallel=True)
             direct = False
             if lease is not None:
+                ctx.queue_busy = not first
                 return lease
+            first = False
             if wake is None or (deadline is not None and now >= deadline):
                 return None
             if on_wait is not None:

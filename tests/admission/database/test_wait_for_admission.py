@@ -169,3 +169,49 @@ def test_wait_refuses_a_bad_timeout_before_any_look(clocked: tuple[AdmissionPlan
     plane, clock = clocked
     with pytest.raises(InvalidInputError):
         plane.wait_for_admission("r1", "owner-1", timeout_ms=-1, sleep=clock.sleep)
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_a_postgres_wait_writes_at_once_unless_the_last_wait_had_to_wait(
+    clocked: tuple[AdmissionPlane, Clock], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL a wait's first attempt takes the admission gate at once (``direct``), which saves a look when
+    the request is admitted at once; after a wait that had to wait, the next wait looks first (the queue is
+    likely busy: a direct attempt would hold the gate for nothing), until one is admitted on its first attempt."""
+    from admission_plane.service import _waiting
+
+    plane, clock = clocked
+    first_attempts: list[bool] = []
+    admit = _waiting.admit_request
+
+    def spy(*args: Any, direct: bool = False, **kwargs: Any) -> Any:
+        if not calls_in_this_wait:
+            first_attempts.append(direct)
+        calls_in_this_wait.append(direct)
+        return admit(*args, direct=direct, **kwargs)
+
+    calls_in_this_wait: list[bool] = []
+    monkeypatch.setattr(_waiting, "admit_request", spy)
+
+    def wait(request_id: str, on_wait: Callable[[int], object] | None = None) -> Any:
+        calls_in_this_wait.clear()
+        submit(plane, request_id, clock.now)
+        lease = plane.wait_for_admission(request_id, "owner-1", sleep=clock.sleep, on_wait=on_wait)
+        assert lease is not None
+        return lease
+
+    held = wait("admitted-at-once")
+    freed: list[int] = []
+
+    def free_the_seat(now: int) -> None:  # the wait found the seat taken: free it, and the wait goes on
+        if not freed:
+            freed.append(now)
+            plane.abandon_before_prompt(held, now, "failed")
+
+    held = wait("had-to-wait", on_wait=free_the_seat)
+    assert freed
+    plane.abandon_before_prompt(held, clock.now, "failed")
+    held = wait("after-a-busy-wait")
+    plane.abandon_before_prompt(held, clock.now, "failed")
+    wait("after-a-quiet-wait")
+    assert first_attempts == [True, True, False, True]
