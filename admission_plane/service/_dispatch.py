@@ -72,8 +72,10 @@ def identity_row(record: DispatchRecord) -> IdentityRow:
 
 def _in_transaction(ctx: PlaneContext, tx: Tx, record: DispatchRecord) -> DispatchIntentResult:
     row = tx.row(SELECT_LEASE_FOR_DISPATCH, {"lease_id": record.lease_id})
-    lease = None if row is None else LeaseRow.from_row(row[:-1])
-    if lease is None or (lease.request_id, lease.generation, lease.owner_instance_id) != (
+    if row is None:
+        return _not_committed("stale_lease")
+    lease, identified = LeaseRow.from_row(row[:-1]), bool(row[-1])
+    if (lease.request_id, lease.generation, lease.owner_instance_id) != (
         record.request_id,
         record.generation,
         record.owner_instance_id,
@@ -86,7 +88,7 @@ def _in_transaction(ctx: PlaneContext, tx: Tx, record: DispatchRecord) -> Dispat
         return _not_committed("conflicting_intent")
     if lease.phase != S.STARTING:
         return _not_committed("stale_lease")
-    if row is not None and row[-1]:  # evidence without an intent: see ``SELECT_LEASE_FOR_DISPATCH``
+    if identified:  # evidence without an intent: see ``SELECT_LEASE_FOR_DISPATCH``
         return _not_committed("conflicting_intent")
     committed_at = ctx.now()
     try:

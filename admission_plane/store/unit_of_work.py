@@ -356,14 +356,24 @@ class _WriterGate:
         os.close(self._fd)  # releases the flock
 
 
+def _driver_error(error: BaseException) -> BaseException:
+    """The driver's own exception behind ``error`` (SQLAlchemy wraps it in a ``DBAPIError``)."""
+    return error.orig if isinstance(error, DBAPIError) and error.orig is not None else error
+
+
+def _sqlstate(error: BaseException) -> str | None:
+    """PostgreSQL's ``SQLSTATE`` of ``error`` (``None`` for SQLite and for errors without one)."""
+    state: object = getattr(_driver_error(error), "sqlstate", None)
+    return state if isinstance(state, str) else None
+
+
 def contention_name(error: BaseException) -> str | None:
     """The SQLite error name or PostgreSQL SQLSTATE if ``error`` is lock contention, else ``None``."""
-    original = error.orig if isinstance(error, DBAPIError) else error
-    name: object = getattr(original, "sqlite_errorname", None)
+    name: object = getattr(_driver_error(error), "sqlite_errorname", None)
     if isinstance(name, str) and name in SQLITE_CONTENTION:
         return name
-    state: object = getattr(original, "sqlstate", None)
-    if isinstance(state, str) and (state in POSTGRES_RETRYABLE or state == "55P03"):  # lock_not_available
+    state = _sqlstate(error)
+    if state is not None and (state in POSTGRES_RETRYABLE or state == "55P03"):  # lock_not_available
         return state
     return None
 
@@ -371,12 +381,11 @@ def contention_name(error: BaseException) -> str | None:
 def _refused_on_server(error: BaseException) -> AdmissionError | None:
     """The library's error for a PostgreSQL refusal raised by one of its own server-side checks
     (:data:`~admission_plane.store.session_functions.FENCE_REFUSED`, ``REQUEST_DIVERGED``), else ``None``."""
-    original = error.orig if isinstance(error, DBAPIError) else error
-    state = getattr(original, "sqlstate", None)
+    state = _sqlstate(error)
     if state == FENCE_REFUSED:
         return LeaseFenceError()
     if state == REQUEST_DIVERGED:
-        message = getattr(getattr(original, "diag", None), "message_primary", None)
+        message = getattr(getattr(_driver_error(error), "diag", None), "message_primary", None)
         return AdmissionStateError(message or "lease and request state diverged")
     return None
 
@@ -416,7 +425,7 @@ def run(
             if refusal is not None:  # a check sent with the commit refused it: nothing was committed
                 raise refusal from error
             name = contention_name(error)
-            lost_statement = getattr(getattr(error, "orig", error), "sqlstate", None) == _PREPARED_LOST
+            lost_statement = _sqlstate(error) == _PREPARED_LOST
             if (name in POSTGRES_RETRYABLE or lost_statement) and attempt < attempts - 1:
                 time.sleep(0.005 * (attempt + 1))
                 continue

@@ -107,11 +107,8 @@ def _count(cte: Any) -> Any:
     return select(func.count()).select_from(cte).scalar_subquery()
 
 
-@functools.cache
-def combined_edge(effect: LeaseEffect, terminal: bool, payload: bool) -> Statement:
-    """The PostgreSQL statement of a lease edge: ``SELECT`` of the changed leases, requests,
-    deleted payloads (when ``payload``) and, when the lease is deleted, the policy's drain state
-    (``''``: no durable policy)."""
+def _edge_counts(effect: LeaseEffect, terminal: bool) -> tuple[Any, Any]:
+    """A lease edge's two writes as CTEs (the lease moved or deleted, its request's edge), counted."""
     if effect is LeaseEffect.MOVE:
         lease: Any = SET_LEASE_PHASE_CONSTRUCT
     elif effect is LeaseEffect.DELETE:
@@ -121,7 +118,16 @@ def combined_edge(effect: LeaseEffect, terminal: bool, payload: bool) -> Stateme
     request = END_LEASED_REQUEST_CONSTRUCT if terminal else SET_REQUEST_STATE_CONSTRUCT
     leases = lease.returning(L.lease_id).cte("changed_lease")
     requests = request.returning(R.request_id).cte("changed_request")
-    columns = [_count(leases).label("leases"), _count(requests).label("requests")]
+    return _count(leases), _count(requests)
+
+
+@functools.cache
+def combined_edge(effect: LeaseEffect, terminal: bool, payload: bool) -> Statement:
+    """The PostgreSQL statement of a lease edge: ``SELECT`` of the changed leases, requests,
+    deleted payloads (when ``payload``) and, when the lease is deleted, the policy's drain state
+    (``''``: no durable policy)."""
+    leases, requests = _edge_counts(effect, terminal)
+    columns = [leases.label("leases"), requests.label("requests")]
     if payload:
         payloads = DELETE_PAYLOAD_CONSTRUCT.returning(TurnPayload.request_id).cte("deleted_payload")
         columns.append(_count(payloads).label("payloads"))
@@ -141,10 +147,8 @@ def sent_edge(terminal: bool) -> Statement:
     unit may send it with its commit (``Tx.send``); a refusal then aborts the commit. Only for a lease the
     unit has locked and checked against its fence and phase (``service._transitions.change(locked=True)``):
     the lease side cannot miss then, and the request side misses only in a damaged database."""
-    request = END_LEASED_REQUEST_CONSTRUCT if terminal else SET_REQUEST_STATE_CONSTRUCT
-    leases = SET_LEASE_PHASE_CONSTRUCT.returning(L.lease_id).cte("changed_lease")
-    requests = request.returning(R.request_id).cte("changed_request")
-    check = func.pg_temp.admission_plane_expect_edge(_count(leases), _count(requests), cast(P("target"), Text))
+    leases, requests = _edge_counts(LeaseEffect.MOVE, terminal)
+    check = func.pg_temp.admission_plane_expect_edge(leases, requests, cast(P("target"), Text))
     return Statement(select(check), only="postgresql")
 
 
