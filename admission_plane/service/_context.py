@@ -23,7 +23,7 @@ from ..evidence import ConnectorIdentity
 from ..policy import Policy
 from ..store.doorbell import Doorbell, ListeningDoorbell
 from ..store.tx import Tx
-from ..store.unit_of_work import Gate, run
+from ..store.unit_of_work import Gate, SentUnitRefused, run
 
 T = TypeVar("T")
 
@@ -125,6 +125,13 @@ class PlaneContext:
         self.reservations = 0
         #: Whether this plane's last wait for admission had to wait (a hint, see ``_waiting``).
         self.queue_busy = False
+        #: The durable policy's revision the last start read, and the policy in force with it (a hint for a
+        #: start sent with its commit, which the server checks: ``_lifecycle.mark_starting``). Revision 0
+        #: (none set, or no durable policy) is this plane's own policy.
+        self.start_policy: tuple[int, Policy] = (0, policy)
+        #: Whether a live turn's completion may be sent whole with its commit: its last completion read the long
+        #: way had no budget reservation to settle and no soft drain pending (a hint, ``_lifecycle``).
+        self.release_sent = True
         self._owns_engine = owns_engine
         self._closed = False
         self._close_lock = threading.Lock()
@@ -139,6 +146,16 @@ class PlaneContext:
         if self._closed:
             raise AdmissionStateError("admission plane is closed")
         return run(self.engine, work, read_only=read_only, gate=gate)
+
+    def run_sent(self, sent: Callable[[Tx], T], work: Callable[[Tx], T], *, gate: Gate) -> T:
+        """Run ``sent``, a unit that sends all it writes with its commit, checked on the server (one round trip,
+        PostgreSQL with the session functions; ``sent`` runs ``work``'s way itself where it cannot send); if the
+        server found the database otherwise than ``sent`` assumed, nothing was committed: run ``work``, which
+        reads first, and so answers exactly (with the operation's own refusal where there is one)."""
+        try:
+            return self.run(sent, gate=gate)
+        except SentUnitRefused:
+            return self.run(work, gate=gate)
 
     def close(self) -> None:
         """Wipe the keys, stop the doorbell and release the engine if the plane created it. Idempotent."""

@@ -24,7 +24,7 @@ from ..store.unit_of_work import Gate, contention_name
 from ..values import DispatchIntentResult, DispatchRecord
 from ._context import PlaneContext
 from ._inventory import dispatch_record_from_mapping
-from ._transitions import change
+from ._transitions import change, move_sent
 
 S = RequestState
 MAX_CONTENTION_RECHECKS = 500
@@ -41,7 +41,9 @@ def persist(ctx: PlaneContext, record: DispatchRecord | object) -> DispatchInten
     try:
         # A lease unit (see ``_lifecycle``): the lease row is locked first, so the phase and the
         # evidence it reads are final; nothing here is read by admission (``Tx.count_neutral``).
-        return ctx.run(lambda tx: _in_transaction(ctx, tx, normalized), gate=Gate.LEASE)
+        # PostgreSQL with the session functions: sent whole with its commit first (``_sent``).
+        sent, long = (lambda tx: _sent(ctx, tx, normalized)), (lambda tx: _in_transaction(ctx, tx, normalized))
+        return ctx.run_sent(sent, long, gate=Gate.LEASE)
     except Exception as error:  # noqa: BLE001 - a prompt writer must never see a raw or partial failure
         cause = error.__cause__ if isinstance(error.__cause__, driver_error) else error
         if contention_name(cause) is not None:
@@ -96,11 +98,37 @@ def _in_transaction(ctx: PlaneContext, tx: Tx, record: DispatchRecord) -> Dispat
         change(ctx, tx, lease, EventKind.REQUEST_DISPATCH_INTENT, S.DISPATCH_INTENT, committed_at, locked=True)
     except LeaseFenceError:
         return _not_committed("stale_lease")
+    return _record_identity(ctx, tx, record, committed_at)
+
+
+def _sent(ctx: PlaneContext, tx: Tx, record: DispatchRecord) -> DispatchIntentResult:
+    """The dispatch intent read nothing first: its move and evidence travel with the commit, and the server
+    checks what ``_in_transaction`` would have read (``move_sent`` with ``dispatch``: the lease in ``starting``
+    under the record's fence and request, and no evidence recorded for it). Anything else (a replay, a stale
+    lease, stray evidence) refuses the unit, and ``_in_transaction`` answers it, reading first."""
+    if not tx.functions:
+        return _in_transaction(ctx, tx, record)
+    committed_at = ctx.now()
+    fence: dict[str, object] = {
+        "lease_id": record.lease_id,
+        "owner_instance_id": record.owner_instance_id,
+        "generation": record.generation,
+    }
+    move_sent(
+        ctx, tx, fence, record.request_id, EventKind.REQUEST_DISPATCH_INTENT, S.STARTING, S.DISPATCH_INTENT,
+        committed_at, dispatch=True,
+    )  # fmt: skip
+    return _record_identity(ctx, tx, record, committed_at)
+
+
+def _record_identity(ctx: PlaneContext, tx: Tx, record: DispatchRecord, committed_at: int) -> DispatchIntentResult:
+    """After the move to ``dispatch_intent``: the process evidence, in the same transaction."""
     values = as_params(identity_row(record))
     tx.count_neutral = True  # starting -> dispatch_intent: the lease stays in the start window
     tx.send(INSERT_IDENTITY, {"lease_id": record.lease_id, "now": committed_at, "host_id": ctx.host_id, **values})
     hook = ctx.faults.after_process_identity_persisted
     if hook is not None:
+        tx.flush()  # the hook runs with the move and the evidence written, the lease's row lock held
         hook()
     return DispatchIntentResult("committed", idempotent=False)
 

@@ -315,21 +315,22 @@ class AdmissionService(RecoveryOperations):
 
     def mark_starting(self, fence: Fence, now: int) -> None:
         """``admitted`` -> ``starting``, within the concurrent-start limit and the start interval."""
-        _lifecycle.mark_starting(self._ctx, _lifecycle.fence_of(fence), now)
+        _lifecycle.mark_starting(self._ctx, _lifecycle.fence_of(fence), now, _lifecycle.request_of(fence))
 
     def mark_dispatch_intent(self, fence: Fence, now: int) -> None:
         """``starting`` -> ``dispatch_intent`` without process evidence (the reaper will never release it)."""
         _lifecycle.move(self._ctx, _lifecycle.fence_of(fence), K.REQUEST_DISPATCH_INTENT, S.STARTING,
-                        S.DISPATCH_INTENT, now)  # fmt: skip
+                        S.DISPATCH_INTENT, now, _lifecycle.request_of(fence))  # fmt: skip
 
     def mark_active(self, fence: Fence, now: int) -> None:
         """``dispatch_intent`` -> ``active``; the payload is deleted in the same transaction."""
-        _lifecycle.move(self._ctx, _lifecycle.fence_of(fence), K.REQUEST_ACTIVE, S.DISPATCH_INTENT, S.ACTIVE, now)
+        _lifecycle.move(self._ctx, _lifecycle.fence_of(fence), K.REQUEST_ACTIVE, S.DISPATCH_INTENT, S.ACTIVE, now,
+                        _lifecycle.request_of(fence))  # fmt: skip
 
     def mark_dispatch_ambiguous(self, fence: Fence, now: int) -> None:
         """``dispatch_intent`` -> ``dispatch_ambiguous``: capacity debt that is never requeued."""
         _lifecycle.move(self._ctx, _lifecycle.fence_of(fence), K.REQUEST_DISPATCH_AMBIGUOUS, S.DISPATCH_INTENT,
-                        S.DISPATCH_AMBIGUOUS, now)  # fmt: skip
+                        S.DISPATCH_AMBIGUOUS, now, _lifecycle.request_of(fence))  # fmt: skip
 
     def abandon_before_prompt(self, fence: Fence, now: int, outcome: str) -> None:
         """End a reserved turn the connector can prove never wrote its prompt (terminal, never a requeue)."""
@@ -348,7 +349,8 @@ class AdmissionService(RecoveryOperations):
 
     def complete_live_turn(self, fence: Fence, now: int, completion: LiveTurnCompletion) -> None:
         """Record an ``active`` turn's outcome and free its seat; a capacity failure cools its model down."""
-        _lifecycle.complete_live_turn(self._ctx, _lifecycle.fence_of(fence), now, completion)
+        _lifecycle.complete_live_turn(self._ctx, _lifecycle.fence_of(fence), now, completion,
+                                      _lifecycle.request_of(fence))  # fmt: skip
 
     def heartbeat(self, fence: Fence, now: int) -> None:
         """Refresh the lease's heartbeat and clear any suspicion; :class:`LeaseFenceError` if not owned."""

@@ -64,6 +64,18 @@ Why that is enough, operation by operation:
     counts after every other has committed and completes it.
   - A capacity failure's cooldown is an upsert of one row (``greatest`` of the two ends):
     concurrent ones queue on that row and both extensions survive.
+* Units sent whole (PostgreSQL with the session functions, given the :class:`AdmittedLease`:
+  ``PlaneContext.run_sent``). Starting with no start interval, active (and the other plain moves of
+  :func:`move`) and a live turn's completion read nothing first; so does the dispatch intent
+  (:mod:`._dispatch`). Their first statement, sent with the commit, is the lease's fenced update or
+  delete, which takes the lease's row lock, and it checks on the server, in its snapshot (taken after
+  the unit's gate), what the long way reads first with that lock: the fence and phase; for a start, the
+  start window within the limit and the durable policy's revision (the limit is the plane's for the
+  revision its last start read, so the shared start's argument above holds as it is); for a dispatch
+  intent, that no evidence is recorded; for a completion, that there is no budget reservation to settle
+  and no soft drain pending (the two things the long way reads to free a seat). The rest of the unit
+  follows it in the same transaction, so it relies on exactly what the long way relies on; when any
+  check fails, the commit fails, nothing is committed, and the long way runs.
 """
 
 from __future__ import annotations
@@ -105,7 +117,7 @@ from ..values import AdmittedLease, LeaseFence, LiveTurnCompletion, ReleasedLeas
 from ._budgets import settle
 from ._context import PlaneContext
 from ._policy import complete_drain_if_settled, effective, effective_of
-from ._transitions import change, edge, end_unread, free_lease, move_unread
+from ._transitions import change, edge, end_sent, end_unread, free_lease, move_sent, move_unread
 
 S, K = RequestState, EventKind
 
@@ -117,6 +129,14 @@ def fence_of(value: LeaseFence | AdmittedLease) -> LeaseFence:
     if isinstance(value, AdmittedLease):
         return value.fence
     raise InvalidInputError("fence must be a LeaseFence or an AdmittedLease")
+
+
+def request_of(value: LeaseFence | AdmittedLease) -> str | None:
+    """The request an :class:`AdmittedLease` names (``None`` for a bare :class:`LeaseFence`, or an ID no
+    request could have): what lets a lease unit send its move with its commit (``move_sent``)."""
+    if isinstance(value, AdmittedLease) and v.is_identifier(value.request_id):
+        return value.request_id
+    return None
 
 
 def fence_params(fence: LeaseFence) -> dict[str, object]:
@@ -200,8 +220,16 @@ def _settle_freed(
     complete_drain_if_settled(ctx, tx, lease.owner_instance_id, now)
 
 
-def mark_starting(ctx: PlaneContext, fence: LeaseFence, now: int) -> None:
-    """``admitted`` -> ``starting``, within the concurrent-start limit and the start interval."""
+def mark_starting(ctx: PlaneContext, fence: LeaseFence, now: int, request_id: str | None = None) -> None:
+    """``admitted`` -> ``starting``, within the concurrent-start limit and the start interval.
+
+    ``request_id`` (the lease's request, from its :class:`AdmittedLease`): on PostgreSQL with the session
+    functions, a start with no start interval then reads nothing first. Its move, the start lock taken shared
+    and the start's stamp travel with the commit, and the server checks what the unit assumed: the lease in
+    ``admitted`` under its fence and request, the start window within the limit, the durable policy at the
+    revision the plane's last start read (``PlaneContext.start_policy``). Anything else sends the unit the
+    long way below, which reads all of it first (``PlaneContext.run_sent``).
+    """
     v.timestamp(now, "start timestamp")
 
     def work(tx: Tx) -> None:
@@ -211,7 +239,9 @@ def mark_starting(ctx: PlaneContext, fence: LeaseFence, now: int) -> None:
         if tx.dialect.name == "postgresql":  # the lease, the policy and the start window in one statement
             found, policy_row, window = _start_reads(tx, fence.lease_id)
             lease = _phased(_fenced(found, fence), admitted, refusal)
-            policy = effective_of(ctx, policy_row).policy
+            in_force = effective_of(ctx, policy_row)
+            policy = in_force.policy
+            ctx.start_policy = (in_force.revision, policy)
         else:
             lease = _in_phase(tx, fence, admitted, refusal)
             policy = effective(ctx, tx).policy
@@ -239,13 +269,41 @@ def mark_starting(ctx: PlaneContext, fence: LeaseFence, now: int) -> None:
         tx.send(DELETE_OLD_STARTS, {"cutoff": now - interval})
         tx.send(INSERT_START, {"lease_id": fence.lease_id, "now": now})
 
-    ctx.run(work, gate=Gate.LEASE)
+    if request_id is None:
+        ctx.run(work, gate=Gate.LEASE)
+        return
+
+    def sent(tx: Tx) -> None:
+        revision, policy = ctx.start_policy
+        if not tx.functions or policy.min_start_interval_ms != 0:
+            work(tx)
+            return
+        # The shared start of ``work`` (see the module docstring), its reads checked on the server instead.
+        limits = {"limit": policy.max_concurrent_starts, "revision": revision}
+        move_sent(ctx, tx, fence_params(fence), request_id, K.REQUEST_STARTING, S.ADMITTED, S.STARTING, now, **limits)
+        tx.count_neutral = True
+        tx.send(SHARED_START_LOCK)
+        tx.send(DELETE_OLD_STARTS, {"cutoff": now})
+        tx.send(INSERT_START, {"lease_id": fence.lease_id, "now": now})
+
+    ctx.run_sent(sent, work, gate=Gate.LEASE)
 
 
 def move(
-    ctx: PlaneContext, fence: LeaseFence, event: EventKind, source: RequestState, target: RequestState, now: int
+    ctx: PlaneContext,
+    fence: LeaseFence,
+    event: EventKind,
+    source: RequestState,
+    target: RequestState,
+    now: int,
+    request_id: str | None = None,
 ) -> None:
-    """One fenced phase change from ``source`` (refused with ``lease is not <source>`` from any other)."""
+    """One fenced phase change from ``source`` (refused with ``lease is not <source>`` from any other).
+
+    ``request_id`` (the lease's request, from its :class:`AdmittedLease`): on PostgreSQL with the session
+    functions the move then travels with the commit, checked on the server (``move_sent``: one round trip);
+    a move the server refuses runs again the long way, which answers with the refusal.
+    """
     v.timestamp(now, "activation timestamp" if target is S.ACTIVE else "lease transition timestamp")
 
     def work(tx: Tx) -> None:
@@ -255,7 +313,17 @@ def move(
         lease = _in_phase(tx, fence, frozenset({source}), f"lease is not {source}")
         change(ctx, tx, lease, event, target, now)
 
-    ctx.run(work, gate=Gate.LEASE)
+    if request_id is None:
+        ctx.run(work, gate=Gate.LEASE)
+        return
+
+    def sent(tx: Tx) -> None:
+        if not tx.functions:
+            work(tx)
+            return
+        move_sent(ctx, tx, fence_params(fence), request_id, event, source, target, now)
+
+    ctx.run_sent(sent, work, gate=Gate.LEASE)
 
 
 def abandon_before_prompt(ctx: PlaneContext, fence: LeaseFence, now: int, outcome: object) -> None:
@@ -336,25 +404,36 @@ def release_by_operator(ctx: PlaneContext, lease_id: str, now: int) -> ReleasedL
     return ctx.run(work, gate=Gate.LEASE)
 
 
-def complete_live_turn(ctx: PlaneContext, fence: LeaseFence, now: int, completion: LiveTurnCompletion) -> None:
-    """Record an ``active`` turn's outcome and free its seat; a capacity failure cools its model down."""
+def complete_live_turn(
+    ctx: PlaneContext, fence: LeaseFence, now: int, completion: LiveTurnCompletion, request_id: str | None = None
+) -> None:
+    """Record an ``active`` turn's outcome and free its seat; a capacity failure cools its model down.
+
+    ``request_id`` (the lease's request, from its :class:`AdmittedLease`): on PostgreSQL with the session
+    functions, an outcome without a cooldown then reads nothing first. Both edges travel with the commit,
+    checked on the server (``end_sent``), while this plane has reserved no budget and its last completion read
+    the long way found nothing to settle (``PlaneContext.release_sent``); anything else runs the long way.
+    """
     v.timestamp(now, "live turn completion timestamp")
     if not isinstance(completion, LiveTurnCompletion):
         raise InvalidInputError("live turn completion must be a LiveTurnCompletion")
+    failure = completion.failure
+    cooling = failure is not None and failure.category is FailureCategory.PROVIDER_CAPACITY
+    outcome = completion.outcome
+    moves = None
+    if not cooling and outcome in LIVE_OUTCOMES:  # both edges in one statement (PostgreSQL)
+        moves = (
+            edge(K.REQUEST_PROVIDER_TERMINAL, S.ACTIVE, S.PROVIDER_TERMINAL),
+            edge(K.REQUEST_RELEASED, S.PROVIDER_TERMINAL, outcome),
+        )
 
     def work(tx: Tx) -> None:
-        failure = completion.failure
-        cooling = failure is not None and failure.category is FailureCategory.PROVIDER_CAPACITY
-        outcome = completion.outcome
-        if tx.dialect.name == "postgresql" and not cooling and outcome in LIVE_OUTCOMES:
+        if tx.dialect.name == "postgresql" and moves is not None:
             # One statement for both edges; only when it matched nothing is the lease read, for the refusal.
-            moves = (
-                edge(K.REQUEST_PROVIDER_TERMINAL, S.ACTIVE, S.PROVIDER_TERMINAL),
-                edge(K.REQUEST_RELEASED, S.PROVIDER_TERMINAL, outcome),
-            )
             ended = end_unread(ctx, tx, fence_params(fence), moves, now)
             if ended is not None:
                 freed, drain_state = ended
+                ctx.release_sent = not freed.charged and drain_state != DrainState.SOFT_DRAINING_TO_1
                 _settle_freed(ctx, tx, freed, K.REQUEST_RELEASED, outcome, now, completion.usage, drain_state)
                 return
         lease = _in_phase(tx, fence, frozenset({S.ACTIVE}), "lease is not active")
@@ -371,7 +450,18 @@ def complete_live_turn(ctx: PlaneContext, fence: LeaseFence, now: int, completio
             tx.execute(UPSERT_COOLDOWN, params)
         _free_seat(ctx, tx, lease, K.REQUEST_RELEASED, outcome, now, source=S.PROVIDER_TERMINAL, usage=completion.usage)
 
-    ctx.run(work, gate=Gate.LEASE)
+    if request_id is None or moves is None or ctx.reservations or not ctx.release_sent:
+        ctx.run(work, gate=Gate.LEASE)
+        return
+    both = moves
+
+    def sent(tx: Tx) -> None:
+        if not tx.functions:
+            work(tx)
+            return
+        end_sent(ctx, tx, fence_params(fence), request_id, both, now)
+
+    ctx.run_sent(sent, work, gate=Gate.LEASE)
 
 
 def heartbeat(ctx: PlaneContext, fence: LeaseFence, now: int) -> None:

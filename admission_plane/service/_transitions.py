@@ -42,6 +42,8 @@ from ..store.statements.transitions import (
     SET_REQUEST_STATE,
     combined_edge,
     sent_edge,
+    sent_move,
+    sent_release,
     unread_move,
     unread_release,
 )
@@ -202,6 +204,55 @@ def move_unread(
         raise AdmissionStateError(f"lease and request state diverged at {move.target}")
     _finish(ctx, tx, row[-1], move, now, payload_deleted=payload)
     return True
+
+
+def move_sent(
+    ctx: PlaneContext,
+    tx: Tx,
+    fence: Mapping[str, object],
+    request_id: str,
+    event: EventKind,
+    source: str,
+    target: str,
+    now: int,
+    **checks: int | bool,
+) -> None:
+    """PostgreSQL with the session functions: :func:`change` of the lease ``fence`` names, from phase ``source``,
+    for a unit that reads nothing first: the move travels with the unit's commit and the server checks it
+    (``sent_move``), with what else the unit assumed (``checks``: ``limit`` and ``revision`` for a start,
+    ``dispatch=True`` for a dispatch intent). ``request_id`` is the lease's request as admission issued it
+    (:class:`~admission_plane.values.AdmittedLease`); the server refuses the move unless the lease names it.
+    A refusal raises :class:`~admission_plane.store.unit_of_work.SentUnitRefused` from the commit, and
+    nothing is committed (see :meth:`~admission_plane.service._context.PlaneContext.run_sent`)."""
+    move = edge(event, source, target)
+    if move.lease is not LeaseEffect.MOVE or move.target in TERMINAL_STATES:
+        raise AdmissionStateError("the edge does not move the lease to a live phase")
+    starting, dispatch = "limit" in checks, bool(checks.pop("dispatch", False))
+    params = {**fence, **checks, "request_id": request_id, "source": source, "target": move.target, "now": now}
+    tx.send(sent_move(starting=starting, dispatch=dispatch), params)
+    _finish(ctx, tx, request_id, move, now)
+
+
+def end_sent(
+    ctx: PlaneContext,
+    tx: Tx,
+    fence: Mapping[str, Any],
+    request_id: str,
+    moves: tuple[Transition, Transition],
+    now: int,
+) -> None:
+    """PostgreSQL with the session functions: :func:`end_unread`'s two edges for a unit that reads nothing
+    first: they travel with the unit's commit, checked on the server (``sent_release``), which also refuses
+    the unit when freeing the seat needs more (a budget reservation to settle, a soft drain pending).
+    ``request_id``: as in :func:`move_sent`. A refusal raises
+    :class:`~admission_plane.store.unit_of_work.SentUnitRefused` from the commit, and nothing is committed."""
+    first, last = moves
+    if first.lease is not LeaseEffect.KEEP or last.lease is not LeaseEffect.DELETE or first.target != last.source:
+        raise AdmissionStateError("the edges do not end the lease through one kept step")
+    params = {**fence, "request_id": request_id, "phase": first.source, "source": first.source, "now": now}
+    tx.send(sent_release(), {**params, "target": last.target})
+    for move in moves:
+        _finish(ctx, tx, request_id, move, now)
 
 
 def end_unread(

@@ -1,6 +1,7 @@
 """PostgreSQL: what each pooled connection is given when the pool opens it: generic plans for the plane's
 prepared statements (:data:`GENERIC_PLANS`), the admission index's chains of statements as one
-server-side call each, and the check of a lease edge sent with its unit's commit (:data:`_EXPECT_EDGE`).
+server-side call each, and the checks of a lease edge sent with its unit's commit (:data:`_EXPECT_EDGE`,
+:data:`_EXPECT_SENT`).
 
 Why: keeping the admission index (:mod:`admission_plane.store.statements.queue`) in step is a
 chain of statements, each deciding whether the next runs (a group's head is lowered, or moved
@@ -26,7 +27,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-__all__ = ["FENCE_REFUSED", "FUNCTIONS_KEY", "INSTALL", "REQUEST_DIVERGED", "install"]
+__all__ = ["FENCE_REFUSED", "FUNCTIONS_KEY", "INSTALL", "REQUEST_DIVERGED", "SENT_REFUSED", "install"]
 
 _IDLE = 0  # libpq's PQTRANS_IDLE
 #: The pool record's ``info`` key that says whether a connection holds the functions.
@@ -145,13 +146,26 @@ _EXPECT_EDGE = (
     "\nEND\n$fn$"
 )
 
+#: ``SQLSTATE`` of :data:`_EXPECT_SENT`'s refusal: a unit sent whole with its commit found the database
+#: otherwise than it assumed; nothing committed, and the operation runs again the long way (reading first).
+SENT_REFUSED = "AP003"
+#: The check of a unit sent whole with its commit (``store.statements.transitions.sent_move``): raise, so
+#: nothing commits, unless everything the unit assumed held (``p_held``).
+_EXPECT_SENT = (
+    "CREATE OR REPLACE FUNCTION pg_temp.admission_plane_expect_sent(p_held boolean) RETURNS void"
+    " LANGUAGE plpgsql AS $fn$\nBEGIN"
+    f"\n  IF p_held IS NOT TRUE THEN RAISE EXCEPTION USING ERRCODE = '{SENT_REFUSED}',"
+    " MESSAGE = 'the unit sent with its commit does not apply; run it reading first'; END IF;"
+    "\nEND\n$fn$"
+)
+
 #: Every statement of the plane is prepared on the server once per connection (``prepare_threshold=0``),
 #: and its tables are small and keyed: a generic plan serves each execution as well as a fresh one.
 #: PostgreSQL would plan each of the first executions again, and keeps doing so when it estimates a
 #: generic plan dearer (planning the admission's one-statement read costs twice its execution).
 GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"
 #: The text that creates the functions on a connection (one round trip, the simple query protocol).
-INSTALL = f"{_ADD}; {_REMOVE}; {_EXPECT_EDGE}"
+INSTALL = f"{_ADD}; {_REMOVE}; {_EXPECT_EDGE}; {_EXPECT_SENT}"
 
 
 def install(dbapi_connection: Any, record: Any) -> None:

@@ -246,25 +246,39 @@ class Tx:
             return
         self._run(statement, params)
 
+    def flush(self) -> None:
+        """PostgreSQL: run the :meth:`send` statements held back now (the opening with them, if no statement
+        carried it yet), so what follows in the unit sees them written and their row locks held; :meth:`defer`
+        ones still wait for the commit. Nothing held back (or SQLite): nothing to do."""
+        if self._pending:
+            self._flush()
+
     def _flush(self) -> None:
         pending = self._pending or []
         self._pending = []
         for statement, params in pending:
             self._run(statement, params)
 
-    def closing(self, *first: str) -> list[str]:
+    def closing(self, *before_deferred: str) -> list[str]:
         """PostgreSQL: the statements the commit's round trip carries before ``COMMIT``, with their values
         as literals (quoted by the driver): the opening if no statement carried it (:meth:`open`), then
-        ``first`` (constant text), then the sends still held back, then the deferred ones.
+        the sends still held back, then ``before_deferred`` (constant text: a lease unit's admission gate,
+        taken after the lease row its first send may lock, as every lease unit takes them), then the
+        deferred ones.
 
         A statement already prepared by name on the connection is carried as ``EXECUTE`` of it, so the
         server neither analyses nor plans it again (it reuses the generic plan); one not prepared yet is
         carried as its own text and noted for :meth:`prepare_carried`. It is never prepared here: a
         ``PREPARE`` the server refuses inside the transaction would abort it."""
-        held = [*(self._pending or ()), *self._deferred]
+        sends, deferred = list(self._pending or ()), self._deferred
         self._pending, self._deferred = ([] if self._pending is not None else None), []
         opening = () if self._opening is None else (self._opening[0],)
         self._opening = None
+        texts = self._literals(self._carried([*sends, *deferred]))
+        return [*opening, *texts[: len(sends)], *before_deferred, *texts[len(sends) :]]
+
+    def _carried(self, held: list[tuple[Statement, Mapping[str, Any] | None]]) -> list[tuple[str, Any]]:
+        """``held`` as the texts a commit carries and their values (:meth:`closing`), one per statement."""
         known = self._known_prepared()
         texts: list[tuple[str, Any]] = []
         for statement, params in held:
@@ -281,7 +295,7 @@ class Tx:
             # Each value in parentheses: a negative number's literal followed by the compiled cast
             # (``-9223372036854775808::BIGINT``) would otherwise cast before negating, out of range.
             texts.append((_PLACEHOLDER.sub(r"(\g<0>)", sql), values))
-        return [*opening, *first, *self._literals(texts)]
+        return texts
 
     def prepare_carried(self) -> None:
         """PostgreSQL, after the commit: prepare by name the statements the commit carried as text, so the

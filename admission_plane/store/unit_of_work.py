@@ -76,7 +76,9 @@ Why this is enough to serialise admission:
   held back: :meth:`~admission_plane.store.tx.Tx.send`); every other statement is prepared on
   the server (``prepare_threshold=0``, :mod:`.engine`). psycopg's own implicit ``BEGIN`` and
   the pool's pre-ping would each cost a round trip per unit. (psycopg's pipeline mode, tried
-  too, loses the server's reason when it ends the connection, and was no faster.)
+  too, loses the server's reason when it ends the connection, and was no faster.) A unit that
+  reads nothing (a lease unit sent whole, :class:`SentUnitRefused`) sends its opening with its
+  commit: one round trip.
   Read-only units take no lock and no transaction (autocommit; each READ COMMITTED
   statement has its own snapshot anyway), unless they ask for the gate:
   :func:`admission_plane.service._journal.read_page` takes both gates exclusively
@@ -105,7 +107,7 @@ from ..errors import AdmissionBusyError, AdmissionDatabaseError, AdmissionError,
 from .doorbell import CHANNEL, Chimes, open_gate_file, ring
 from .engine import SQLITE_BEGIN, writer_lock_path
 from .failures import CONNECTION_LOST, connection_lost, driver_message
-from .session_functions import FENCE_REFUSED, REQUEST_DIVERGED
+from .session_functions import FENCE_REFUSED, REQUEST_DIVERGED, SENT_REFUSED
 from .tx import Statement, Tx
 
 T = TypeVar("T")
@@ -159,6 +161,13 @@ DRAIN_LOCK = _lock("pg_advisory_xact_lock", DRAIN_LOCK_KEY)
 #: The admission gate, shared, taken early by a lease unit that must not run beside an admission
 #: at all (a soft drain's completion, which counts the seats admission could take).
 ADMISSION_GATE_SHARED = _lock("pg_advisory_xact_lock_shared", ADVISORY_LOCK_KEY)
+
+
+class SentUnitRefused(Exception):
+    """PostgreSQL: a unit sent whole with its commit found the database otherwise than it assumed
+    (``pg_temp.admission_plane_expect_sent`` raised ``SENT_REFUSED``). Nothing was committed; the
+    operation runs again the long way, reading first (:meth:`admission_plane.service._context.PlaneContext.run_sent`).
+    """
 
 
 class Gate(enum.Enum):
@@ -421,6 +430,8 @@ def run(
         except (DBAPIError, driver_error) as error:
             if uow.connection_lost:
                 raise AdmissionDatabaseError(f"{CONNECTION_LOST}: {driver_message(error)}") from error
+            if _sqlstate(error) == SENT_REFUSED:
+                raise SentUnitRefused() from error
             refusal = _refused_on_server(error)
             if refusal is not None:  # a check sent with the commit refused it: nothing was committed
                 raise refusal from error

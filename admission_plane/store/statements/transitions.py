@@ -10,12 +10,13 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import BigInteger, Text, cast, delete, exists, func, insert, literal, select, update
+from sqlalchemy import BigInteger, Text, and_, cast, delete, exists, func, insert, literal, select, update
+from sqlalchemy.orm import aliased
 
-from ...states import LeaseEffect
-from ..model import BudgetCharge, Lease, PolicyState, TurnPayload, TurnRequest
+from ...states import START_WINDOW_PHASES, DrainState, LeaseEffect
+from ..model import BudgetCharge, Lease, LeaseProcessIdentity, PolicyState, TurnPayload, TurnRequest
 from ..tx import Statement
-from ._build import P, fenced
+from ._build import P, fenced, one_of
 
 R, L = TurnRequest, Lease
 
@@ -150,6 +151,54 @@ def sent_edge(terminal: bool) -> Statement:
     leases, requests = _edge_counts(LeaseEffect.MOVE, terminal)
     check = func.pg_temp.admission_plane_expect_edge(leases, requests, cast(P("target"), Text))
     return Statement(select(check), only="postgresql")
+
+
+_window = aliased(L, name="window_lease")
+
+
+@functools.cache
+def sent_move(*, starting: bool = False, dispatch: bool = False) -> Statement:
+    """PostgreSQL, a connection holding the session functions: a lease's phase move (no payload deleted) and its
+    request's edge, for a unit that reads nothing first and sends all it writes with its commit
+    (:meth:`admission_plane.service._context.PlaneContext.run_sent`). Checked on the server by
+    ``pg_temp.admission_plane_expect_sent``, which raises ``SENT_REFUSED`` (so the commit carrying it commits
+    nothing) unless exactly one lease matched its fence, the request it must name (``request_id``, which the
+    caller holds from admission) and the phase it leaves (``source``), and that request moved; with
+    ``starting``, also unless the start window holds no more than ``limit`` leases and the durable policy's
+    revision is ``revision`` (0: none claimed, or none set); with ``dispatch``, also unless no process evidence
+    is recorded for the lease. Every part reads the statement's snapshot, taken after the unit's gate, as
+    the reads they replace did (``SELECT_START_READS``, ``SELECT_LEASE_FOR_DISPATCH``): a lease whose lock
+    the statement waited for is read again, and a unit that moved it on meanwhile fails its phase guard."""
+    leases = SET_LEASE_PHASE_CONSTRUCT.where(L.request_id == P("request_id")).returning(L.lease_id)
+    requests = SET_REQUEST_STATE_CONSTRUCT.returning(R.request_id)
+    held = [_count(leases.cte("changed_lease")) == 1, _count(requests.cte("changed_request")) == 1]
+    if starting:
+        window = select(func.count()).select_from(_window).where(one_of(_window.phase, START_WINDOW_PHASES))
+        revision = func.coalesce(select(PolicyState.revision).limit(1).scalar_subquery(), 0)
+        held += [window.scalar_subquery() <= P("limit"), revision == P("revision")]
+    if dispatch:
+        held.append(~exists().where(LeaseProcessIdentity.lease_id == P("lease_id")))
+    return Statement(select(func.pg_temp.admission_plane_expect_sent(and_(*held))), only="postgresql")
+
+
+@functools.cache
+def sent_release() -> Statement:
+    """PostgreSQL, a connection holding the session functions: the end of a live turn (the lease deleted, its
+    request from ``source`` to its terminal ``target``), for a unit that reads nothing first and sends all it
+    writes with its commit, as :func:`sent_move` does. The server raises ``SENT_REFUSED`` unless exactly one
+    lease matched its fence, the request it must name (``request_id``) and the phase it leaves (``phase``), and
+    that request moved, and unless freeing the seat needs nothing more: the request holds no budget reservation
+    and no soft drain is pending (``unread_release`` reads both for the unit that settles them)."""
+    leases = DELETE_LEASE_CONSTRUCT.where(L.request_id == P("request_id")).returning(L.lease_id)
+    requests = END_LEASED_REQUEST_CONSTRUCT.returning(R.request_id)
+    drain_state = func.coalesce(select(PolicyState.drain_state).limit(1).scalar_subquery(), literal(""))
+    held = [
+        _count(leases.cte("freed_lease")) == 1,
+        _count(requests.cte("changed_request")) == 1,
+        ~exists().where(BudgetCharge.charge_id == P("request_id")),
+        drain_state != literal(DrainState.SOFT_DRAINING_TO_1.value),
+    ]
+    return Statement(select(func.pg_temp.admission_plane_expect_sent(and_(*held))), only="postgresql")
 
 
 def _request_of(leases: Any, terminal: bool, payload: bool) -> tuple[Any, list[Any]]:

@@ -18,7 +18,7 @@ from dbutil import pg_engine
 from planes import dispatch_record, enqueue, lease_in_phase
 from sqlalchemy import Connection, text
 
-from admission_plane import AdmissionPlane, AdmissionStateError, Policy
+from admission_plane import AdmissionPlane, AdmissionStateError, LiveTurnCompletion, Policy
 from admission_plane.store.unit_of_work import ADVISORY_LOCK_KEY, LEASE_LOCK_KEY, START_LOCK_KEY
 
 pytestmark = pytest.mark.parametrize(
@@ -219,3 +219,35 @@ def test_a_start_whose_window_exceeds_a_lowered_limit_waits_for_starts_in_flight
     with pytest.raises(AdmissionStateError, match="concurrent start limit reached"):
         strict.mark_starting(second, 1_030)
     assert strict.get_request("second").state == "admitted"
+
+
+@pytest.mark.parametrize("step", ["active", "completion"])
+def test_a_lease_unit_sent_whole_takes_the_admission_gate_only_after_its_lease_row(
+    make_plane: Callable[..., AdmissionPlane], database_url: str, step: str
+) -> None:
+    """A lease unit sent whole with its commit (given the ``AdmittedLease``) takes its locks in the order every lease
+    unit does: its lease row first, the admission gate after it. While another transaction holds the lease row,
+    the unit waits for the row holding no admission gate, so an admission waiting for the gate behind it (and a
+    lease unit of the same lease committing under the gate) is not held up by it; once the row is free, it
+    commits."""
+    plane = make_plane(policy=ROOMY)
+    lease = lease_in_phase(plane, "dispatch_intent" if step == "active" else "active", "held", now=1_000)
+    gate = (
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid <> pg_backend_pid()"
+        f" AND ((classid::bigint << 32) | objid::bigint) = {ADVISORY_LOCK_KEY}"
+    )
+    running = None
+    try:
+        with holding(database_url, f"SELECT 1 FROM leases WHERE lease_id = '{lease.lease_id}' FOR UPDATE") as row:
+            if step == "active":
+                running = Running(lambda: plane.mark_active(lease, 1_010))
+            else:
+                running = Running(lambda: plane.complete_live_turn(lease, 1_010, LiveTurnCompletion("completed")))
+            assert not running.finished(STILL_WAITING_AFTER_S), "the unit did not wait for its lease row"
+            assert row.execute(text(gate)).scalar_one() == 0, "the unit holds the admission gate while it waits"
+            row.rollback()
+        assert running.finished(FINISHES_WITHIN_S)
+    finally:
+        if running is not None:
+            running.thread.join(FINISHES_WITHIN_S)
+    assert plane.get_request("held").state == ("active" if step == "active" else "completed")

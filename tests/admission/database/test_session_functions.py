@@ -1,8 +1,8 @@
 """PostgreSQL: the admission index functions every pooled connection holds in its temporary schema.
 
 A plane opened on PostgreSQL creates ``pg_temp.admission_plane_queue_add``,
-``pg_temp.admission_plane_queue_remove`` (and ``pg_temp.admission_plane_expect_edge``, the check of
-a lease edge sent with its commit) on each connection the pool opens
+``pg_temp.admission_plane_queue_remove`` (and ``pg_temp.admission_plane_expect_edge`` and ``_expect_sent``,
+the checks of a lease edge sent with its commit) on each connection the pool opens
 (:mod:`admission_plane.store.session_functions`) and keeps the admission index with one call of
 them per change; with ``connect_args={"prepare_threshold": None}`` (behind a pooler) it creates
 none and runs the chains of statements instead, as it does on a connection that cannot create
@@ -49,7 +49,12 @@ STATEMENTS: dict[str, Any] = {"connect_args": {"prepare_threshold": None}}
 #: Three seats, three starts, a short queue timeout (requests time out between steps) and two lanes.
 POLICY = Policy(3, 3, 0, 5_000, 30_000, lanes=(Lane("default", 2), Lane("batch")))
 KEYS: dict[str, Any] = {"encryption_key": ENCRYPTION_KEY, "content_fingerprint_key": CONTENT_KEY}
-FUNCTIONS = ["admission_plane_expect_edge", "admission_plane_queue_add", "admission_plane_queue_remove"]
+FUNCTIONS = [
+    "admission_plane_expect_edge",
+    "admission_plane_expect_sent",
+    "admission_plane_queue_add",
+    "admission_plane_queue_remove",
+]
 _PG_PROC = table("pg_proc", column("proname"), column("pronamespace"))
 #: The functions in the connection's own temporary schema (none when it has no temporary schema).
 TEMP_FUNCTIONS = Scalar[str](

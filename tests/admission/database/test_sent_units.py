@@ -1,0 +1,276 @@
+"""Lease units sent whole with their commit (PostgreSQL), and the long way they fall back to.
+
+Given the :class:`AdmittedLease`, starting, the dispatch intent, active and a live turn's completion read
+nothing first on PostgreSQL: the unit's edge and writes travel with ``COMMIT`` in one message, and the
+server checks what the unit assumed (``pg_temp.admission_plane_expect_sent``). When anything else holds
+(a refusal, a replay, a policy revision, a budget reservation to settle), nothing is committed and the unit
+runs again the long way, reading first, which answers exactly as before. These tests drive each such case
+on both dialects (SQLite always takes the long way), check the answer and that a refusal changes nothing,
+and on PostgreSQL that the server did refuse the sent unit (so the case is the fallback's, not a read's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import pytest
+from dbutil import execute, is_postgres, query, table_dump
+from planes import PlaneFactory, dispatch_record, enqueue, lease_in_phase
+
+from admission_plane import (
+    AdmissionStateError,
+    AdmittedLease,
+    Budget,
+    LeaseFenceError,
+    LiveTurnCompletion,
+    Policy,
+    UnknownLeaseError,
+)
+from admission_plane.service._context import PlaneContext
+
+ROOMY = Policy(8, 8, 0, 1_800_000, 30_000)
+COMPLETED = LiveTurnCompletion("completed")
+
+
+@pytest.fixture
+def fallbacks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """How many units the server refused and that ran again the long way (``PlaneContext.run_sent``)."""
+    ran: list[str] = []
+    original = PlaneContext.run_sent
+
+    def counted(self: PlaneContext, sent: Callable[..., Any], work: Callable[..., Any], **options: Any) -> Any:
+        def long_way(tx: Any) -> Any:
+            ran.append("long way")
+            return work(tx)
+
+        return original(self, sent, long_way, **options)
+
+    monkeypatch.setattr(PlaneContext, "run_sent", counted)
+    return ran
+
+
+def refused_sent(database_url: str) -> int:
+    """How many fallbacks a refusal below must have caused: one on PostgreSQL, none on SQLite."""
+    return 1 if is_postgres(database_url) else 0
+
+
+def _other_generation(lease: AdmittedLease) -> AdmittedLease:
+    return attrs.evolve(lease, generation=lease.generation + 1)
+
+
+def _unknown(lease: AdmittedLease) -> AdmittedLease:
+    return attrs.evolve(lease, lease_id="no-such-lease")
+
+
+REFUSALS = [
+    # (phase the lease is in, operation, how the argument is spoiled, the error and its message)
+    ("starting", "start", None, AdmissionStateError, "lease is not admitted"),
+    ("admitted", "start", _other_generation, LeaseFenceError, None),
+    ("admitted", "start", _unknown, UnknownLeaseError, None),
+    ("starting", "active", None, AdmissionStateError, "lease is not dispatch_intent"),
+    ("dispatch_intent", "active", _other_generation, LeaseFenceError, None),
+    ("active", "active", _unknown, UnknownLeaseError, None),
+    ("dispatch_intent", "complete", None, AdmissionStateError, "lease is not active"),
+    ("active", "complete", _other_generation, LeaseFenceError, None),
+    ("active", "complete", _unknown, UnknownLeaseError, None),
+]
+
+
+@pytest.mark.parametrize(("phase", "operation", "spoil", "error", "message"), REFUSALS)
+def test_a_refused_sent_unit_answers_with_the_long_ways_refusal_and_changes_nothing(
+    make_plane: PlaneFactory,
+    database_url: str,
+    fallbacks: list[str],
+    phase: str,
+    operation: str,
+    spoil: Callable[[AdmittedLease], AdmittedLease] | None,
+    error: type[Exception],
+    message: str | None,
+) -> None:
+    """A start, an activation or a completion of a lease in another phase, under another fence or unknown is
+    refused with the operation's own error and message (the server refused the sent unit; the long way read
+    the lease and chose the refusal), and every row stays as it was."""
+    plane = make_plane(policy=ROOMY)
+    lease = lease_in_phase(plane, phase)
+    argument = lease if spoil is None else spoil(lease)
+    before = table_dump(database_url)
+    fallbacks.clear()
+    call = {
+        "start": lambda: plane.mark_starting(argument, 2_000),
+        "active": lambda: plane.mark_active(argument, 2_000),
+        "complete": lambda: plane.complete_live_turn(argument, 2_000, COMPLETED),
+    }[operation]
+    with pytest.raises(error, match=message):
+        call()
+    assert table_dump(database_url) == before
+    assert len(fallbacks) == refused_sent(database_url)
+
+
+@pytest.mark.parametrize(
+    ("second_child", "expected"),
+    [(False, ("committed", True, None)), (True, ("not_committed", None, "conflicting_intent"))],
+    ids=["replay", "other-child"],
+)
+def test_a_dispatch_intent_replayed_through_the_sent_unit_is_answered_from_the_committed_one(
+    make_plane: PlaneFactory, database_url: str, fallbacks: list[str], second_child: bool, expected: tuple[Any, ...]
+) -> None:
+    """A second dispatch intent of a lease already in ``dispatch_intent`` is refused by the server when sent
+    whole; the long way reads the committed evidence and answers ``committed`` (idempotent) for the same
+    record and ``conflicting_intent`` for another child, writing nothing either way."""
+    plane = make_plane(policy=ROOMY)
+    lease = lease_in_phase(plane, "starting")
+    record = dispatch_record(plane, lease)
+    assert plane.commit_dispatch_intent(record).ok
+    before = table_dump(database_url)
+    fallbacks.clear()
+    again = attrs.evolve(record, child=attrs.evolve(record.child, pid=record.child.pid + 1)) if second_child else record
+    result = plane.commit_dispatch_intent(again)
+    assert (result.status, result.idempotent, result.reason) == expected
+    assert table_dump(database_url) == before
+    assert len(fallbacks) == refused_sent(database_url)
+
+
+@pytest.mark.parametrize("operation", ["start", "dispatch", "active", "complete"])
+def test_an_admitted_lease_naming_another_request_moves_only_its_own_lease_and_request(
+    make_plane: PlaneFactory, database_url: str, fallbacks: list[str], operation: str
+) -> None:
+    """Hostile input: an :class:`AdmittedLease` whose ``request_id`` names another live request (built by hand;
+    the fence is right). The server refuses the sent unit (the lease names its own request), the long way
+    moves the lease by its fence, and the journal correlates the lease's own request: the other request's
+    state and events are untouched."""
+    plane = make_plane(policy=ROOMY)
+    phase = {"start": "admitted", "dispatch": "starting", "active": "dispatch_intent", "complete": "active"}[operation]
+    lease = lease_in_phase(plane, phase, "mine")
+    other = lease_in_phase(plane, phase, "other", agent_id="agent-b")
+    forged = attrs.evolve(lease, request_id=other.request_id)
+    journal = plane._ctx.keys.correlation
+    before = {journal(name): _events(database_url, journal(name)) for name in ("mine", "other")}
+    fallbacks.clear()
+    if operation == "start":
+        plane.mark_starting(forged, 2_000)
+    elif operation == "dispatch":
+        # A dispatch record names its request itself: one naming another request is a stale lease.
+        result = plane.commit_dispatch_intent(dispatch_record(plane, forged))
+        assert (result.status, result.reason) == ("not_committed", "stale_lease")
+    elif operation == "active":
+        plane.mark_active(forged, 2_000)
+    else:
+        plane.complete_live_turn(forged, 2_000, COMPLETED)
+    assert len(fallbacks) == refused_sent(database_url)
+    assert plane.get_request("other").state == phase
+    assert _events(database_url, journal("other")) == before[journal("other")]
+    mine = plane.get_request("mine").state
+    if operation == "dispatch":
+        assert mine == phase
+        assert _events(database_url, journal("mine")) == before[journal("mine")]
+    else:
+        assert mine != phase
+        assert len(_events(database_url, journal("mine"))) > len(before[journal("mine")])
+
+
+def _events(database_url: str, correlation: str) -> list[tuple[Any, ...]]:
+    return query(
+        database_url, "SELECT kind, from_state, to_state FROM events WHERE correlation_hmac = ? ORDER BY event_seq",
+        (correlation,),
+    )  # fmt: skip
+
+
+def test_a_start_after_a_live_revision_is_refused_once_then_takes_the_revisions_long_way(
+    make_plane: PlaneFactory, database_url: str, fallbacks: list[str]
+) -> None:
+    """A start sent whole assumes the durable policy's revision the plane's last start read (none, for a plane
+    that never read one). After another plane's live revision (one start at a time, 2 s apart) the server
+    refuses it once; the long way reads the revision and applies it, and the plane's next start takes the long
+    way at once (a revision's start interval needs the start history read), refused by the revision."""
+    plane = make_plane(policy=ROOMY)
+    owner = plane.owner_identity.owner_instance_id
+    for name in ("a", "b"):
+        enqueue(plane, name, f"agent-{name}", 1_000)
+    first, second = plane.admit_next(1_001, owner), plane.admit_next(1_002, owner)
+    assert first is not None
+    assert second is not None
+    make_plane(policy=ROOMY).set_policy(Policy(8, 1, 2_000, 1_800_000, 30_000), now=1_003)
+    fallbacks.clear()
+    plane.mark_starting(first, 1_004)
+    assert len(fallbacks) == refused_sent(database_url)
+    assert plane.get_request("a").state == "starting"
+    with pytest.raises(AdmissionStateError, match=r"concurrent start limit reached|start interval has not elapsed"):
+        plane.mark_starting(second, 1_005)
+    assert len(fallbacks) == refused_sent(database_url)  # no second refusal: the plane knew the revision
+
+
+def test_a_start_sent_by_a_plane_with_a_lower_start_limit_is_held_to_it(
+    make_plane: PlaneFactory, database_url: str, fallbacks: list[str]
+) -> None:
+    """A start sent whole assumes the start window within the plane's start limit. A plane allowing one start
+    at a time starts two leases another plane admitted under eight: the server refuses both sent starts (the
+    window holds two), and the long way counts the starts: the first starts, the second is refused."""
+    admitting = make_plane(policy=ROOMY)
+    starting = make_plane(policy=Policy(8, 1, 0, 1_800_000, 30_000))
+    owner = admitting.owner_identity.owner_instance_id
+    for name in ("a", "b"):
+        enqueue(admitting, name, f"agent-{name}", 1_000)
+    first, second = admitting.admit_next(1_001, owner), admitting.admit_next(1_002, owner)
+    assert first is not None
+    assert second is not None
+    fallbacks.clear()
+    starting.mark_starting(first, 1_003)
+    with pytest.raises(AdmissionStateError, match="concurrent start limit reached"):
+        starting.mark_starting(second, 1_004)
+    assert len(fallbacks) == 2 * refused_sent(database_url)
+    assert (starting.get_request("a").state, starting.get_request("b").state) == ("starting", "admitted")
+
+
+def test_a_completion_with_a_budget_to_settle_takes_the_long_way_and_settles_it(
+    make_plane: PlaneFactory, database_url: str, fallbacks: list[str]
+) -> None:
+    """A completion sent whole assumes nothing to settle. Completed through a plane that reserved no budget
+    itself, a turn whose request holds a reservation is refused by the server once; the long way settles
+    the reservation, and the plane's next completion takes the long way at once (no second refusal)."""
+    budgeted = attrs.evolve(ROOMY, budgets=(Budget("antigravity", max_requests=10),))
+    admitting = make_plane(policy=budgeted)
+    completing = make_plane(policy=budgeted)
+    first = lease_in_phase(admitting, "active", "r1")
+    second = lease_in_phase(admitting, "active", "r2", agent_id="agent-b")
+    fallbacks.clear()
+    completing.complete_live_turn(first, 2_000, COMPLETED)
+    assert len(fallbacks) == refused_sent(database_url)
+    assert query(database_url, "SELECT state FROM budget_charges WHERE charge_id = ?", ("r1",)) == [("charged",)]
+    completing.complete_live_turn(second, 2_001, COMPLETED)
+    assert len(fallbacks) == refused_sent(database_url)
+    assert query(database_url, "SELECT state FROM budget_charges WHERE charge_id = ?", ("r2",)) == [("charged",)]
+
+
+def test_a_completion_freeing_the_last_seat_of_a_soft_drain_completes_it(
+    make_plane: PlaneFactory, database_url: str, fallbacks: list[str]
+) -> None:
+    """A completion sent whole assumes no soft drain is pending; with one pending, the server refuses it and
+    the long way frees the seat and completes the drain (the durable policy settles at one seat)."""
+    durable = Policy(3, 1, 2_000, 1_800_000, 30_000)
+    plane = make_plane(policy=durable)
+    owner = plane.owner_identity.owner_instance_id
+    plane.claim_durable_policy(durable, owner, 900)
+    lease = lease_in_phase(plane, "active")
+    plane.begin_soft_drain_to_1(owner, 1_500)
+    fallbacks.clear()
+    plane.complete_live_turn(lease, 2_000, COMPLETED)
+    assert len(fallbacks) == refused_sent(database_url)
+    assert query(database_url, "SELECT drain_state, max_active_turns FROM policy_state") == [("steady", 1)]
+
+
+def test_a_damaged_request_refuses_a_sent_activation_and_the_long_way_reports_it(
+    make_plane: PlaneFactory, database_url: str, fallbacks: list[str]
+) -> None:
+    """A request whose state no longer matches its lease (only a damaged database holds one) refuses the sent
+    activation; the long way reports the divergence and nothing is committed."""
+    plane = make_plane(policy=ROOMY)
+    lease = lease_in_phase(plane, "dispatch_intent")
+    execute(database_url, "UPDATE turn_requests SET state = 'recovery_required' WHERE request_id = 'r1'")
+    before = table_dump(database_url)
+    fallbacks.clear()
+    with pytest.raises(AdmissionStateError, match="diverged"):
+        plane.mark_active(lease, 2_000)
+    assert table_dump(database_url) == before
+    assert len(fallbacks) == refused_sent(database_url)
