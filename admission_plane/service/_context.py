@@ -125,10 +125,10 @@ class PlaneContext:
         self.reservations = 0
         #: Whether this plane's last wait for admission had to wait (a hint, see ``_waiting``).
         self.queue_busy = False
-        #: The durable policy's revision the last start read, and the policy in force with it (a hint for a
-        #: start sent with its commit, which the server checks: ``_lifecycle.mark_starting``). Revision 0
-        #: (none set, or no durable policy) is this plane's own policy.
-        self.start_policy: tuple[int, Policy] = (0, policy)
+        #: The durable policy's revision this plane last read and the policy in force with it
+        #: (``_policy.effective_of``): what a start or an enqueue sent whole with its commit assumes, and the
+        #: server checks (revision 0: none set, or no durable policy, is this plane's own policy).
+        self.policy_seen: tuple[int, Policy] = (0, policy)
         #: Whether a live turn's completion may be sent whole with its commit: its last completion read the long
         #: way had no budget reservation to settle and no soft drain pending (a hint, ``_lifecycle``).
         self.release_sent = True

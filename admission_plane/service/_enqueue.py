@@ -32,6 +32,7 @@ from ..store.statements.requests import (
     SELECT_QUEUED_OWNER,
     SELECT_REQUEST_META,
     SELECT_REQUEST_STATUS,
+    SENT_REQUEST,
     SESSION_LOCK,
 )
 from ..store.tx import Tx
@@ -112,7 +113,12 @@ def enqueue(ctx: PlaneContext, meta: Metadata, connector: ConnectorIdentity, now
         bind_owner(ctx, tx, meta.request_id, connector, now, result.existed, created=not result.existed)
         return result
 
-    return ctx.run(work, gate=ENQUEUE_GATE)
+    def sent(tx: Tx) -> EnqueueResult:
+        if send_request(ctx, tx, meta, connector, now) is None:
+            return work(tx)
+        return EnqueueResult(meta.request_id, False)
+
+    return ctx.run_sent(sent, work, gate=ENQUEUE_GATE)
 
 
 #: How an enqueue takes the PostgreSQL gates: the admission gate shared, beside lease units and other
@@ -153,6 +159,35 @@ def insert_request(ctx: PlaneContext, tx: Tx, meta: Metadata, now: int) -> tuple
     _budgets.store_estimate(tx, meta.request_id, meta.estimated_tokens)
     _journal.record(ctx, tx, EventKind.REQUEST_ENQUEUED, meta.request_id, ABSENT, S.QUEUED, now)
     return EnqueueResult(meta.request_id, False), lane
+
+
+def send_request(ctx: PlaneContext, tx: Tx, meta: Metadata, connector: ConnectorIdentity, now: int) -> str | None:
+    """PostgreSQL with the session functions: :func:`insert_request` and the owner's binding for an enqueue that
+    reads nothing first, sent with the unit's commit (``SENT_REQUEST``) and checked on the server: the request
+    is new, and the durable policy is at the revision whose policy (``PlaneContext.policy_seen``) admitted it
+    here. The request's lane; ``None`` when the enqueue cannot be sent so (``connector`` not this plane's
+    recorded one, a lane or estimate that policy refuses, a session limit that refuses, which must count the
+    session's requests): the caller then takes the long way in the same unit. When the server refuses, the
+    commit raises :class:`~admission_plane.store.unit_of_work.SentUnitRefused`, nothing is committed, and the
+    long way answers (a replay, a conflict, the revision's refusal)."""
+    if not tx.functions or connector is not ctx.owner_identity or not ctx.owner_recorded:
+        return None
+    revision, policy = ctx.policy_seen
+    lane = policy.default_lane if meta.lane is None else meta.lane
+    if all(known.name != lane for known in policy.lanes):
+        return None
+    if policy.max_turns_per_session is not None and policy.session_overflow == "refuse":
+        return None
+    try:
+        _budgets.check_estimate(policy, meta.provider, meta.model, meta.estimated_tokens)
+    except InvalidInputError:
+        return None
+    deadline = now + policy.queue_timeout_ms
+    tx.send(SENT_REQUEST, {**as_params(meta), "lane": lane, "now": now, "deadline_at": deadline, "revision": revision})
+    _budgets.store_estimate(tx, meta.request_id, meta.estimated_tokens)
+    _journal.record(ctx, tx, EventKind.REQUEST_ENQUEUED, meta.request_id, ABSENT, S.QUEUED, now)
+    bind_owner(ctx, tx, meta.request_id, connector, now, False, created=True)
+    return lane
 
 
 def _admissible(tx: Tx, policy: Policy, meta: Metadata, lane: str) -> None:

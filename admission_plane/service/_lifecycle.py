@@ -71,7 +71,7 @@ Why that is enough, operation by operation:
   delete, which takes the lease's row lock, and it checks on the server, in its snapshot (taken after
   the unit's gate), what the long way reads first with that lock: the fence and phase; for a start, the
   start window within the limit and the durable policy's revision (the limit is the plane's for the
-  revision its last start read, so the shared start's argument above holds as it is); for a dispatch
+  revision it last read, so the shared start's argument above holds as it is); for a dispatch
   intent, that no evidence is recorded; for a completion, that there is no budget reservation to settle
   and no soft drain pending (the two things the long way reads to free a seat). The rest of the unit
   follows it in the same transaction, so it relies on exactly what the long way relies on; when any
@@ -227,7 +227,7 @@ def mark_starting(ctx: PlaneContext, fence: LeaseFence, now: int, request_id: st
     functions, a start with no start interval then reads nothing first. Its move, the start lock taken shared
     and the start's stamp travel with the commit, and the server checks what the unit assumed: the lease in
     ``admitted`` under its fence and request, the start window within the limit, the durable policy at the
-    revision the plane's last start read (``PlaneContext.start_policy``). Anything else sends the unit the
+    revision the plane last read (``PlaneContext.policy_seen``). Anything else sends the unit the
     long way below, which reads all of it first (``PlaneContext.run_sent``).
     """
     v.timestamp(now, "start timestamp")
@@ -239,9 +239,7 @@ def mark_starting(ctx: PlaneContext, fence: LeaseFence, now: int, request_id: st
         if tx.dialect.name == "postgresql":  # the lease, the policy and the start window in one statement
             found, policy_row, window = _start_reads(tx, fence.lease_id)
             lease = _phased(_fenced(found, fence), admitted, refusal)
-            in_force = effective_of(ctx, policy_row)
-            policy = in_force.policy
-            ctx.start_policy = (in_force.revision, policy)
+            policy = effective_of(ctx, policy_row).policy
         else:
             lease = _in_phase(tx, fence, admitted, refusal)
             policy = effective(ctx, tx).policy
@@ -274,7 +272,7 @@ def mark_starting(ctx: PlaneContext, fence: LeaseFence, now: int, request_id: st
         return
 
     def sent(tx: Tx) -> None:
-        revision, policy = ctx.start_policy
+        revision, policy = ctx.policy_seen
         if not tx.functions or policy.min_start_interval_ms != 0:
             work(tx)
             return

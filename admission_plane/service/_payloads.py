@@ -24,7 +24,7 @@ from ..store.tx import Tx
 from ..values import EnqueueResult
 from . import _queue_index
 from ._context import PlaneContext
-from ._enqueue import ENQUEUE_GATE, Metadata, bind_owner, insert_request, require_queued
+from ._enqueue import ENQUEUE_GATE, Metadata, bind_owner, insert_request, require_queued, send_request
 
 
 def check_expiry(now: int, expires_at: int) -> None:
@@ -59,7 +59,15 @@ def enqueue_with_payload(
         _insert(tx, meta.request_id, sealed, fingerprint_hex, expires_at, now)
         return result
 
-    return ctx.run(work, gate=ENQUEUE_GATE)
+    def sent(tx: Tx) -> EnqueueResult:
+        lane = send_request(ctx, tx, meta, connector, now)  # PostgreSQL: everything with the commit
+        if lane is None:
+            return work(tx)
+        entry = EntryRow(lane, meta.provider, meta.model, meta.agent_id, meta.session_id, now)
+        _insert(tx, meta.request_id, sealed, fingerprint_hex, expires_at, now, entry)
+        return EnqueueResult(meta.request_id, False)
+
+    return ctx.run_sent(sent, work, gate=ENQUEUE_GATE)
 
 
 def persist(ctx: PlaneContext, request_id: str, plaintext: str, now: int, expires_at: int) -> None:

@@ -182,7 +182,14 @@ def effective(ctx: PlaneContext, tx: Tx) -> Effective:
 
 
 def effective_of(ctx: PlaneContext, row: PolicyRow | None) -> Effective:
-    """The policy in force, given the durable policy row (``SELECT_POLICY``; ``None``: not claimed)."""
+    """The policy in force, given the durable policy row (``SELECT_POLICY``; ``None``: not claimed). Remembered
+    with its revision as the plane's latest read (``PlaneContext.policy_seen``)."""
+    in_force = _effective_of(ctx, row)
+    ctx.policy_seen = (in_force.revision, in_force.policy)
+    return in_force
+
+
+def _effective_of(ctx: PlaneContext, row: PolicyRow | None) -> Effective:
     if row is None:
         return Effective(ctx.policy, ctx.policy.max_active_turns, 0)
     seats = seat_limit(ctx, row)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, func, insert, literal, select, update
+from sqlalchemy import BigInteger, and_, func, insert, literal, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from ...states import OWNER_DEATH_PHASES, SEAT_PHASES, RequestState
-from ..model import Lease, QueuedOwnerInstance, TurnPayload, TurnRequest
+from ..model import Lease, PolicyState, QueuedOwnerInstance, TurnPayload, TurnRequest
 from ..rows import EntryRow, OwnerRow, PayloadRow, QueuedOwnerRow, RequestMeta, RequestRow, RequestStatus
 from ..tx import Query, Scalar, Statement
 from ._build import P, lit, one, one_of
@@ -47,6 +47,24 @@ _new_request = {
 INSERT_REQUEST = Statement(
     sqlite.insert(R).values(**_new_request).on_conflict_do_nothing(index_elements=[R.request_id]),
     postgresql=postgresql.insert(R).values(**_new_request).on_conflict_do_nothing(index_elements=[R.request_id]),
+)
+#: PostgreSQL, a connection holding the session functions: ``INSERT_REQUEST`` for an enqueue that reads nothing
+#: first and sends all it writes with its commit (``service._enqueue.send_request``), checked on the server by
+#: ``pg_temp.admission_plane_expect_sent``, which raises ``SENT_REFUSED`` (so nothing commits) unless the request
+#: was inserted (a replay, or the same request enqueued beside it, inserts nothing) and the durable policy is at
+#: the revision (``revision``; 0: none) whose policy the caller checked the request against.
+_inserted = postgresql.insert(R).values(**_new_request).on_conflict_do_nothing(index_elements=[R.request_id])
+_inserted_count = select(func.count()).select_from(_inserted.returning(R.request_id).cte("inserted_request"))
+SENT_REQUEST = Statement(
+    select(
+        func.pg_temp.admission_plane_expect_sent(
+            and_(
+                _inserted_count.scalar_subquery() == 1,
+                func.coalesce(select(PolicyState.revision).limit(1).scalar_subquery(), 0) == P("revision"),
+            )
+        )
+    ),
+    only="postgresql",
 )
 #: A session's requests still queued or holding a seat, counted up to ``limit`` (its limit at enqueue).
 _open_states = (QUEUED, *sorted(SEAT_PHASES))

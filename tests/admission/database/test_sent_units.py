@@ -20,11 +20,14 @@ from dbutil import execute, is_postgres, query, table_dump
 from planes import PlaneFactory, dispatch_record, enqueue, lease_in_phase
 
 from admission_plane import (
+    AdmissionConflictError,
+    AdmissionPlane,
     AdmissionStateError,
     AdmittedLease,
     Budget,
     LeaseFenceError,
     LiveTurnCompletion,
+    PayloadConflictError,
     Policy,
     UnknownLeaseError,
 )
@@ -180,8 +183,8 @@ def _events(database_url: str, correlation: str) -> list[tuple[Any, ...]]:
 def test_a_start_after_a_live_revision_is_refused_once_then_takes_the_revisions_long_way(
     make_plane: PlaneFactory, database_url: str, fallbacks: list[str]
 ) -> None:
-    """A start sent whole assumes the durable policy's revision the plane's last start read (none, for a plane
-    that never read one). After another plane's live revision (one start at a time, 2 s apart) the server
+    """A start sent whole assumes the durable policy's revision the plane last read (none, for a plane that
+    never read one). After another plane's live revision (one start at a time, 2 s apart) the server
     refuses it once; the long way reads the revision and applies it, and the plane's next start takes the long
     way at once (a revision's start interval needs the start history read), refused by the revision."""
     plane = make_plane(policy=ROOMY)
@@ -274,3 +277,60 @@ def test_a_damaged_request_refuses_a_sent_activation_and_the_long_way_reports_it
         plane.mark_active(lease, 2_000)
     assert table_dump(database_url) == before
     assert len(fallbacks) == refused_sent(database_url)
+
+
+def _warm(plane: AdmissionPlane) -> None:
+    """Two requests enqueued, so the plane has seen its connector's record (what an enqueue sent whole needs)."""
+    enqueue(plane, "warm-1", "agent-w", 500)
+    enqueue(plane, "warm-2", "agent-w", 501)
+    assert plane._ctx.owner_recorded
+
+
+@pytest.mark.parametrize("payload", [True, False], ids=["with-payload", "metadata-only"])
+def test_an_enqueue_replayed_through_the_sent_unit_is_answered_from_the_stored_request(
+    make_plane: PlaneFactory, database_url: str, fallbacks: list[str], payload: bool
+) -> None:
+    """An enqueue sent whole assumes a new request. A replay is refused by the server (nothing inserted); the
+    long way answers it: the same request (and prompt) is idempotent, other metadata or another prompt is a
+    conflict, and nothing changes."""
+    plane = make_plane(policy=ROOMY)
+    _warm(plane)
+
+    def again(**overrides: Any) -> Any:
+        if payload:
+            return enqueue(plane, "r", "agent-1", 1_000, **overrides)
+        fields = {"request_id": "r", "session_id": "session-1", "agent_id": "agent-1", "fingerprint": "fp"}
+        return plane.enqueue(**{**fields, "provider": "antigravity", "model": "model-test", "now": 1_000, **overrides})
+
+    assert not again().existed
+    before = table_dump(database_url)
+    fallbacks.clear()
+    assert again().existed
+    assert len(fallbacks) == refused_sent(database_url)
+    with pytest.raises(AdmissionConflictError):
+        again(model="another-model")
+    if payload:
+        with pytest.raises(PayloadConflictError):
+            again(plaintext="another prompt")
+    assert table_dump(database_url) == before
+    assert len(fallbacks) == (3 if payload else 2) * refused_sent(database_url)
+
+
+def test_an_enqueue_after_a_live_revision_is_refused_once_then_sent_under_the_revision(
+    make_plane: PlaneFactory, database_url: str, fallbacks: list[str]
+) -> None:
+    """An enqueue sent whole assumes the durable policy's revision the plane last read. After another plane's
+    live revision (a shorter queue timeout) the server refuses it once; the long way queues the request under
+    the revision (its deadline), and the next enqueue is sent with the revision it read (no fallback)."""
+    plane = make_plane(policy=ROOMY)
+    _warm(plane)
+    make_plane(policy=ROOMY).set_policy(Policy(8, 8, 2_000, 60_000, 30_000), now=900)
+    fallbacks.clear()
+    enqueue(plane, "first", "agent-1", 1_000)
+    assert len(fallbacks) == refused_sent(database_url)
+    enqueue(plane, "second", "agent-2", 1_001)
+    assert len(fallbacks) == refused_sent(database_url)
+    deadlines = query(
+        database_url, "SELECT request_id, deadline_at FROM turn_requests WHERE request_id IN ('first', 'second')"
+    )
+    assert sorted(deadlines) == [("first", 61_000), ("second", 61_001)]
