@@ -16,6 +16,7 @@ import uuid
 import attrs
 
 from .. import _validate as v
+from ..errors import AdmissionRuntimeError
 from ..states import EventKind, RequestState
 from ..store.doorbell import EVERYONE_STEP, Chimes
 from ..store.rows import CooldownRow, EntryRow, KeyHeadRow, MemberHeadRow, PauseRow, PolicyRow, SeatRow
@@ -27,7 +28,7 @@ from ..store.statements.admission import (
 )
 from ..store.statements.queue import SELECT_ENTRY
 from ..store.statements.requests import SELECT_REQUEST_STATUS
-from ..store.tx import Tx
+from ..store.tx import Returned, Tx
 from ..store.unit_of_work import Gate
 from ..values import AdmittedLease
 from . import _budgets, _policy
@@ -49,7 +50,7 @@ from ._selection import (
     session_full,
     spend_credits,
 )
-from ._transitions import NewLease, QueuedRequest, admit_at_once, change
+from ._transitions import NewLease, QueuedRequest, admit_at_once, admit_sent, change
 
 S = RequestState
 
@@ -85,11 +86,43 @@ class Verdict(enum.Enum):
     WRITE = "an admission attempt may succeed now"
 
 
+@attrs.frozen
+class _SentLease:
+    """An admission whose reservation its commit carried: the lease, once that commit has returned its generation."""
+
+    lease_id: str
+    request_id: str
+    owner_instance_id: str
+    generation: Returned
+
+    def lease(self) -> AdmittedLease:
+        row = self.generation.row
+        if row is None or row[0] is None:  # the server's check refuses the commit first
+            raise AdmissionRuntimeError("an admission committed without its lease's generation")
+        return AdmittedLease(self.lease_id, self.request_id, int(row[0]), self.owner_instance_id)
+
+
+def _admit(
+    ctx: PlaneContext, now: int, owner_instance_id: str, only: str | None, parallel: bool
+) -> AdmittedLease | None:
+    """One admission unit: :func:`admit_in_transaction`, its reservation sent with its commit where it can be
+    (PostgreSQL with the session functions; ``PlaneContext.run_sent``)."""
+
+    def sent(tx: Tx) -> AdmittedLease | _SentLease | None:
+        return admit_in_transaction(ctx, tx, now, owner_instance_id, only, parallel=parallel, sent=True)
+
+    def work(tx: Tx) -> AdmittedLease | _SentLease | None:
+        return admit_in_transaction(ctx, tx, now, owner_instance_id, only, parallel=parallel)
+
+    admitted = ctx.run_sent(sent, work, gate=Gate.ADMISSION)
+    return admitted.lease() if isinstance(admitted, _SentLease) else admitted
+
+
 def admit_next(ctx: PlaneContext, now: int, owner_instance_id: str) -> AdmittedLease | None:
     """Admit the rule's choice, or ``None`` when nothing may start now."""
     v.identifier(owner_instance_id, "admission owner instance ID")
     v.timestamp(now, "admission timestamp")
-    return ctx.run(lambda tx: admit_in_transaction(ctx, tx, now, owner_instance_id, None), gate=Gate.ADMISSION)
+    return _admit(ctx, now, owner_instance_id, None, False)
 
 
 def admit_request(
@@ -117,10 +150,7 @@ def admit_request(
     v.timestamp(now, "admission timestamp")
 
     def attempt() -> AdmittedLease | None:
-        return ctx.run(
-            lambda tx: admit_in_transaction(ctx, tx, now, owner_instance_id, request_id, parallel=parallel),
-            gate=Gate.ADMISSION,
-        )
+        return _admit(ctx, now, owner_instance_id, request_id, parallel)
 
     if direct:
         lease = attempt()
@@ -146,12 +176,14 @@ def admit_in_transaction(
     only_request_id: str | None,
     *,
     parallel: bool = False,
-) -> AdmittedLease | None:
+    sent: bool = False,
+) -> AdmittedLease | _SentLease | None:
     """Time out expired requests, then admit the rule's choice (only if it is ``only_request_id``, when given).
 
     With ``parallel`` (a waiter's attempt), ``only_request_id`` is admitted also when it is not the
     rule's first choice but one of the next ones and every request before it still finds a seat
-    and a start slot (:func:`parallel_choice`).
+    and a start slot (:func:`parallel_choice`). With ``sent`` (PostgreSQL with the session functions)
+    the reservation travels with the commit (``admit_sent``) and the lease is known once it returned.
     """
     reads = read_state(ctx, tx, now, expire=True)
     assert reads is not None, "expire=True times out what expired"
@@ -169,10 +201,15 @@ def admit_in_transaction(
     if choice is None:
         return None
     lease_id, request_id = str(uuid.uuid4()), choice.request_id
-    if tx.functions:  # PostgreSQL: the reservation in one statement
-        generation = admit_at_once(ctx, tx, lease_id, request_id, owner_instance_id, EventKind.REQUEST_ADMITTED, now)
-        if generation is None:
+    returned = None
+    if tx.functions and sent:  # PostgreSQL: the reservation in one statement, with the commit
+        returned = admit_sent(ctx, tx, lease_id, request_id, owner_instance_id, EventKind.REQUEST_ADMITTED, now)
+        generation = 0
+    elif tx.functions:  # PostgreSQL: the reservation in one statement
+        reserved = admit_at_once(ctx, tx, lease_id, request_id, owner_instance_id, EventKind.REQUEST_ADMITTED, now)
+        if reserved is None:
             return None
+        generation = reserved
     else:
         candidate = tx.one(SELECT_CANDIDATE, {"request_id": request_id})
         if candidate is None:
@@ -184,6 +221,8 @@ def admit_in_transaction(
     if facts.book is not None:
         _budgets.reserve(ctx, facts.book, request_id, *choice.key, now)
     record_admitting_owner(ctx, tx, owner_instance_id, now)
+    if returned is not None:
+        return _SentLease(lease_id, request_id, owner_instance_id, returned)
     return AdmittedLease(lease_id, request_id, generation, owner_instance_id)
 
 

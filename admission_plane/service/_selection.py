@@ -322,9 +322,9 @@ def spend_credits(tx: Tx, choice: Choice) -> None:
     """Record what the chosen lane spent of its share (only when lanes competed)."""
     if choice.credits is None:
         return
-    tx.execute(DELETE_CREDITS)
+    tx.send(DELETE_CREDITS)  # nothing reads them back: on PostgreSQL they travel with the commit
     for lane, credits in choice.credits.items():
-        tx.execute(INSERT_CREDIT, {"lane": lane, "credits": credits})
+        tx.send(INSERT_CREDIT, {"lane": lane, "credits": credits})
 
 
 def _best_in_lane(tx: Tx, lane: str, keys: list[KeyHeadRow], limits: Limits, facts: Facts) -> Offer | None:

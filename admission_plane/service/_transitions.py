@@ -38,6 +38,7 @@ from ..store.statements.transitions import (
     END_QUEUED_REQUEST,
     INSERT_LEASE,
     RESERVE_REQUEST,
+    SENT_ADMIT,
     SET_LEASE_PHASE,
     SET_REQUEST_STATE,
     combined_edge,
@@ -47,7 +48,7 @@ from ..store.statements.transitions import (
     unread_move,
     unread_release,
 )
-from ..store.tx import Tx
+from ..store.tx import Returned, Tx
 from . import _journal, _queue_index
 from ._context import PlaneContext
 
@@ -183,6 +184,27 @@ def admit_at_once(
         raise AdmissionStateError("admitted request has no lease")
     _finish(ctx, tx, request_id, move, now)
     return int(generation)
+
+
+def admit_sent(
+    ctx: PlaneContext, tx: Tx, lease_id: str, request_id: str, owner_instance_id: str, event: EventKind, now: int
+) -> Returned:
+    """PostgreSQL with the session functions: :func:`admit_at_once` sent with the unit's commit (``SENT_ADMIT``),
+    one round trip fewer inside the admission's lock. The new lease's generation is read after the commit
+    (its :class:`~admission_plane.store.tx.Returned` row); a request no longer queued refuses the commit on the
+    server (:class:`~admission_plane.store.unit_of_work.SentUnitRefused`), and nothing is committed."""
+    move = edge(event, RequestState.QUEUED, RequestState.ADMITTED)
+    params = {
+        "lease_id": lease_id,
+        "request_id": request_id,
+        "owner_instance_id": owner_instance_id,
+        "source": move.source,
+        "target": move.target,
+        "now": now,
+    }
+    returned = tx.send_returning(SENT_ADMIT, params)
+    _finish(ctx, tx, request_id, move, now)
+    return returned
 
 
 def move_unread(

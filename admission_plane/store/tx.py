@@ -123,6 +123,21 @@ class Scalar(Statement, Generic[V]):
     __slots__ = ()
 
 
+class Returned:
+    """The first row of a statement sent with :meth:`Tx.send_returning`, once the round trip that ran it is over
+    (``row``: ``None`` when it returned none; ``ran``: whether it has run)."""
+
+    __slots__ = ("ran", "row")
+
+    def __init__(self) -> None:
+        self.row: tuple[Any, ...] | None = None
+        self.ran = False
+
+
+#: A statement held back by :meth:`Tx.send`: its parameters, and where its row goes (``None``: nowhere).
+_Held: TypeAlias = "tuple[Statement, Mapping[str, Any] | None, Returned | None]"
+
+
 class Tx:
     """The statements of one unit of work, executed on a DB-API connection's cursor.
 
@@ -137,6 +152,7 @@ class Tx:
         "_deferred",
         "_opening",
         "_pending",
+        "_returning",
         "_unprepared",
         "count_neutral",
         "dialect",
@@ -153,7 +169,9 @@ class Tx:
         self._cursor: DBAPICursor = dbapi_connection.cursor()
         #: PostgreSQL, inside a transaction the unit commits: what :meth:`send` and :meth:`defer` hold
         #: back (``None``: nothing is held back, every statement runs at once).
-        self._pending: list[tuple[Statement, Mapping[str, Any] | None]] | None = [] if batched else None
+        self._pending: list[_Held] | None = [] if batched else None
+        #: PostgreSQL: where the rows of statements the commit carries go (their result's place in it).
+        self._returning: list[tuple[int, Returned]] = []
         self._deferred: list[tuple[Statement, Mapping[str, Any] | None]] = []
         #: PostgreSQL: the transaction's opening (``BEGIN`` and its gates) and how many statements it holds,
         #: until the first statement carries it (:meth:`open`).
@@ -242,9 +260,26 @@ class Tx:
         the unit the same way; nothing in the library catches a ``send``'s error.
         """
         if self._pending is not None:
-            self._pending.append((statement, params))
+            self._pending.append((statement, params, None))
             return
         self._run(statement, params)
+
+    def send_returning(self, statement: Statement, params: Mapping[str, Any] | None = None) -> Returned:
+        """:meth:`send` a statement whose first row is read once it ran: at the next statement, or after the
+        commit that carried it (PostgreSQL; elsewhere at once). The unit must not need the row before it
+        commits; a check the statement makes on the server (``pg_temp.admission_plane_expect_sent``) is what
+        keeps the unit from committing when the row is not what it assumed."""
+        returned = Returned()
+        if self._pending is not None:
+            self._pending.append((statement, params, returned))
+        else:
+            self._keep(self._run(statement, params), returned)
+        return returned
+
+    @staticmethod
+    def _keep(cursor: Any, returned: Returned) -> None:
+        row = cursor.fetchone()
+        returned.row, returned.ran = (None if row is None else tuple(row)), True
 
     def flush(self) -> None:
         """PostgreSQL: run the :meth:`send` statements held back now (the opening with them, if no statement
@@ -256,8 +291,10 @@ class Tx:
     def _flush(self) -> None:
         pending = self._pending or []
         self._pending = []
-        for statement, params in pending:
-            self._run(statement, params)
+        for statement, params, returned in pending:
+            cursor = self._run(statement, params)
+            if returned is not None:
+                self._keep(cursor, returned)
 
     def closing(self, *before_deferred: str) -> list[str]:
         """PostgreSQL: the statements the commit's round trip carries before ``COMMIT``, with their values
@@ -270,18 +307,32 @@ class Tx:
         server neither analyses nor plans it again (it reuses the generic plan); one not prepared yet is
         carried as its own text and noted for :meth:`prepare_carried`. It is never prepared here: a
         ``PREPARE`` the server refuses inside the transaction would abort it."""
-        sends, deferred = list(self._pending or ()), self._deferred
+        sends, deferred = list(self._pending or ()), [(statement, params, None) for statement, params in self._deferred]
         self._pending, self._deferred = ([] if self._pending is not None else None), []
         opening = () if self._opening is None else (self._opening[0],)
+        first = 0 if self._opening is None else self._opening[1]  # the opening's statements come first
         self._opening = None
+        self._returning = [(first + place, held[2]) for place, held in enumerate(sends) if held[2] is not None]
         texts = self._literals(self._carried([*sends, *deferred]))
         return [*opening, *texts[: len(sends)], *before_deferred, *texts[len(sends) :]]
 
-    def _carried(self, held: list[tuple[Statement, Mapping[str, Any] | None]]) -> list[tuple[str, Any]]:
+    def carried_rows(self) -> None:
+        """PostgreSQL, right after the round trip of :meth:`closing`'s texts: read the rows of the statements
+        it carried for :meth:`send_returning` (each statement of the round trip has one result, in order)."""
+        returning, self._returning = self._returning, []
+        cursor: Any = self._cursor
+        position = 0
+        for place, returned in returning:
+            while position < place:
+                cursor.nextset()
+                position += 1
+            self._keep(cursor, returned)
+
+    def _carried(self, held: list[_Held]) -> list[tuple[str, Any]]:
         """``held`` as the texts a commit carries and their values (:meth:`closing`), one per statement."""
         known = self._known_prepared()
         texts: list[tuple[str, Any]] = []
-        for statement, params in held:
+        for statement, params, _returned in held:
             sql, defaults = statement.compiled(self.dialect)
             values = {**defaults, **params} if params else defaults
             prepared = None if known is None else known.get(sql, _UNKNOWN)

@@ -278,6 +278,7 @@ class UnitOfWork:
                 ordered = self._gate_mode is Gate.LEASE and not self.tx.count_neutral
                 gate = (_LEASE_COMMIT_GATE,) if ordered else ()
                 self.tx.command("; ".join((*self.tx.closing(*gate), ending)))
+                self.tx.carried_rows()
             self._committed = True
             self._prepare_carried()
             return

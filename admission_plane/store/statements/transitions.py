@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import BigInteger, Text, and_, cast, delete, exists, func, insert, literal, select, update
+from sqlalchemy import BigInteger, Text, and_, cast, delete, exists, func, insert, literal, select, true, update
 from sqlalchemy.orm import aliased
 
 from ...states import START_WINDOW_PHASES, DrainState, LeaseEffect
@@ -71,6 +71,20 @@ ADMIT_REQUEST = Statement(
         select(func.count()).select_from(_new_lease).scalar_subquery().label("leases"),
         func.pg_temp.admission_plane_queue_remove(_reserved.c.request_id).label("dequeued"),
     ).select_from(_reserved),
+    only="postgresql",
+)
+#: ``ADMIT_REQUEST`` for an admission that sends its reservation with its commit and reads the new generation
+#: after it (``Tx.send_returning``): one row whatever happened, whose check raises ``SENT_REFUSED`` (so nothing
+#: commits) unless the request was reserved and its lease inserted. The row: the new generation.
+_one = select(literal(1).label("one")).subquery("one")
+SENT_ADMIT = Statement(
+    select(
+        _reserved.c.lease_generation,
+        func.pg_temp.admission_plane_queue_remove(_reserved.c.request_id).label("dequeued"),
+        func.pg_temp.admission_plane_expect_sent(
+            select(func.count()).select_from(_new_lease).scalar_subquery() == 1
+        ).label("checked"),
+    ).select_from(_one.outerjoin(_reserved, true())),
     only="postgresql",
 )
 #: A queued request leaves the queue without a lease (cancelled, timed out, owner gone).

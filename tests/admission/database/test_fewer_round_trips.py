@@ -276,15 +276,15 @@ def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 @POSTGRES_ONLY
 def test_a_steady_state_turn_costs_its_documented_round_trips(make_plane: PlaneFactory, statements: list[str]) -> None:
-    """On PostgreSQL a steady-state turn (after the connector's first two) is 9 round trips. A unit's first carries
+    """On PostgreSQL a steady-state turn (after the connector's first two) is 8 round trips. A unit's first carries
     ``BEGIN``, the gates and the unit's first statement (``EXECUTE`` of it, prepared by name); its last carries
-    the journal, the writes nobody reads back and ``COMMIT``. ``admit_request`` is 4, a read-only look (one
-    statement) then the admission's 3 (begin with the reads, the reservation, commit; a waiter's first attempt
-    skips the look). Enqueue with payload (once the connector's record was seen) and, given the
-    ``AdmittedLease``, starting, the dispatch intent, active and the completion read nothing first: 1 each,
-    ``BEGIN``, the gate, the insert or the edge checked on the server (``SENT_REQUEST``, ``sent_move``,
-    ``sent_release``), the rest of the unit and ``COMMIT`` in one message. A change that adds a round trip to
-    the hot path fails."""
+    the journal, the writes nobody reads back and ``COMMIT``. ``admit_request`` is 3, a read-only look (one
+    statement) then the admission's 2 (begin with the reads; the reservation with the commit, which returns the
+    new lease's generation; a waiter's first attempt skips the look). Enqueue with payload (once the connector's
+    record was seen) and, given the ``AdmittedLease``, starting, the dispatch intent, active and the completion
+    read nothing first: 1 each, ``BEGIN``, the gate, the insert or the edge checked on the server
+    (``SENT_REQUEST``, ``sent_move``, ``sent_release``), the rest of the unit and ``COMMIT`` in one message. A
+    change that adds a round trip to the hot path fails."""
     plane = make_plane(policy=ROOMY)
     owner = plane.owner_identity.owner_instance_id
 
@@ -321,7 +321,7 @@ def test_a_steady_state_turn_costs_its_documented_round_trips(make_plane: PlaneF
     assert all(opening.match(text) for text in texts), texts
     assert counts == {
         "enqueue": 1,
-        "admission": 4,
+        "admission": 3,
         "starting": 1,
         "dispatch": 1,
         "active": 1,

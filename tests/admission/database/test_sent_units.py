@@ -18,6 +18,7 @@ import attrs
 import pytest
 from dbutil import execute, is_postgres, query, table_dump
 from planes import PlaneFactory, dispatch_record, enqueue, lease_in_phase
+from sqlalchemy import Integer, bindparam, literal_column, select
 
 from admission_plane import (
     AdmissionConflictError,
@@ -32,6 +33,8 @@ from admission_plane import (
     UnknownLeaseError,
 )
 from admission_plane.service._context import PlaneContext
+from admission_plane.store.tx import Returned, Scalar, Statement, Tx
+from admission_plane.store.unit_of_work import Gate, run
 
 ROOMY = Policy(8, 8, 0, 1_800_000, 30_000)
 COMPLETED = LiveTurnCompletion("completed")
@@ -334,3 +337,41 @@ def test_an_enqueue_after_a_live_revision_is_refused_once_then_sent_under_the_re
         database_url, "SELECT request_id, deadline_at FROM turn_requests WHERE request_id IN ('first', 'second')"
     )
     assert sorted(deadlines) == [("first", 61_000), ("second", 61_001)]
+
+
+def test_an_adopted_request_with_a_past_generation_is_admitted_at_the_next_one(
+    make_plane: PlaneFactory, database_url: str
+) -> None:
+    """An admission sends its reservation with its commit and reads the new lease's generation from the commit's
+    results (PostgreSQL): a queued request whose generation is already 5 (a database the original wrote) gets a
+    lease of generation 6, in the database and in the ``AdmittedLease``, which then starts the turn."""
+    plane = make_plane(policy=ROOMY)
+    enqueue(plane, "adopted", "agent-1", 1_000)
+    execute(database_url, "UPDATE turn_requests SET lease_generation = 5 WHERE request_id = 'adopted'")
+    lease = plane.admit_request("adopted", 1_001, plane.owner_identity.owner_instance_id)
+    assert lease is not None
+    assert lease.generation == 6
+    assert query(database_url, "SELECT generation FROM leases WHERE request_id = ?", ("adopted",)) == [(6,)]
+    plane.mark_starting(lease, 1_002)
+    assert plane.get_request("adopted").state == "starting"
+
+
+@pytest.mark.parametrize("shape", ["whole-unit", "after-a-read", "flushed-by-a-read"])
+def test_a_row_sent_with_the_commit_is_read_back_after_it(plane: Any, shape: str) -> None:
+    """``Tx.send_returning``: on PostgreSQL the statement rides on the commit's round trip (after the unit's
+    opening when no statement carried it) and its row is read from the commit's results; one flushed by a
+    later statement is read then; on SQLite it runs at once. Each row is the statement's own."""
+    answer = Statement(select((literal_column("40") + bindparam("n", type_=Integer)).label("answer")))
+    probe = Scalar(select(literal_column("7")))
+
+    def work(tx: Tx) -> list[Returned]:
+        if shape == "after-a-read":
+            assert tx.scalar(probe) == 7
+        rows = [tx.send_returning(answer, {"n": 1}), tx.send_returning(answer, {"n": 2})]
+        if shape == "flushed-by-a-read":
+            assert tx.scalar(probe) == 7  # runs the held-back statements first
+            assert all(returned.ran for returned in rows)
+        return rows
+
+    rows = run(plane.engine, work, gate=Gate.LEASE)
+    assert [(returned.ran, returned.row) for returned in rows] == [(True, (41,)), (True, (42,))]
