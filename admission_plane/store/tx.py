@@ -123,6 +123,24 @@ class Scalar(Statement, Generic[V]):
     __slots__ = ()
 
 
+def plain_literal(value: object) -> str | None:
+    """``value`` as the SQL literal psycopg's ``ClientCursor`` writes for it, for the values whose literal does
+    not depend on the connection: ``None``, booleans, integers, and text without a backslash or a zero byte
+    (quotes doubled, as ``PQescapeLiteral`` writes it), their subclasses (``StrEnum`` states) as the driver
+    dumps them, by value; ``None`` for any other value (the driver quotes it)."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        number = int(value)
+        return str(number) if number >= 0 else f" {number}"  # the driver's space: no ``--`` after a minus
+    if isinstance(value, str):
+        text = str.__str__(value)
+        return None if "\\" in text or "\0" in text else "'" + text.replace("'", "''") + "'"
+    return None
+
+
 class Returned:
     """The first row of a statement sent with :meth:`Tx.send_returning`, once the round trip that ran it is over
     (``row``: ``None`` when it returned none; ``ran``: whether it has run)."""
@@ -405,14 +423,25 @@ class Tx:
             info[_GENERATION_KEY] = info.get(_GENERATION_KEY, 0) + 1
 
     def _literals(self, statements: list[tuple[str, Any]]) -> list[str]:
-        """PostgreSQL: each ``(sql, values)`` as one text with its values as literals, quoted by the driver."""
-        if not statements:
-            return []
+        """PostgreSQL: each ``(sql, values)`` as one text with its values as literals, quoted by the driver.
+
+        Positional values (``%s``) that are all :func:`plain_literal` are written here, as the driver would
+        write them (a statement prepared by name is carried as ``EXECUTE`` of such a list: most of what a
+        commit carries); the rest are quoted by the driver (``ClientCursor.mogrify``)."""
+        texts: list[str | None] = []
+        for sql, values in statements:
+            literals = [plain_literal(value) for value in values] if isinstance(values, list) else [None]
+            texts.append(None if None in literals else sql % tuple(literals))
+        if None not in texts:
+            return texts  # type: ignore[return-value]
         from psycopg import ClientCursor  # only PostgreSQL units hold statements back
 
         raw: Any = getattr(self._connection, "dbapi_connection", self._connection)
         with ClientCursor(raw) as cursor:
-            return [cursor.mogrify(sql, values or {}) for sql, values in statements]
+            return [
+                cursor.mogrify(sql, values or {}) if text is None else text
+                for text, (sql, values) in zip(texts, statements, strict=True)
+            ]
 
     def execute(self, statement: Statement, params: Mapping[str, Any] | None = None) -> int:
         """Run a statement; return its row count."""
