@@ -534,3 +534,31 @@ def test_a_turn_behind_a_pooler_checks_its_moves_on_the_client_and_ends_as_with_
         pooled.mark_starting(second, 2_002)
     assert refused.value.__cause__ is None  # refused by the client's check, not by the server's
     assert table_dump(database_url) == before
+
+
+@ON_POSTGRES
+def test_a_plane_connection_counts_its_churning_leases_without_a_bitmap_scan(
+    open_plane: PlaneOpener, database_url: str
+) -> None:
+    """The plane's connections turn bitmap scans off (``enable_bitmapscan``; the server's default stays behind a
+    pooler): the seat and start-window counts over ``leases``, whose index holds every dead row version since
+    the last vacuum, are then planned as btree scans, which mark dead entries and skip them after, where a
+    bitmap scan would walk them all on every execution. Checked on the generic plan of the start's count as
+    the plane prepares it."""
+    show = Scalar[str](select(func.current_setting("enable_bitmapscan")))
+    for options, expected in (({}, "off"), (STATEMENTS, "on")):
+        plane = open_plane(database_url, **options)
+        with UnitOfWork(plane.engine, read_only=True) as uow:
+            assert uow.tx.scalar(show) == expected
+    plane = open_plane(database_url)
+    count = "SELECT count(*) FROM leases WHERE phase IN ($1, $2, $3)"
+    raw = plane.engine.raw_connection()
+    try:
+        cursor = raw.dbapi_connection.cursor()
+        cursor.execute(f"PREPARE window_count(text, text, text) AS {count}", prepare=False)
+        cursor.execute("EXPLAIN EXECUTE window_count('admitted', 'starting', 'dispatch_intent')", prepare=False)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("DEALLOCATE window_count", prepare=False)
+    finally:
+        raw.close()
+    assert "Bitmap" not in plan, plan
