@@ -161,14 +161,12 @@ def _create_lease(ctx: PlaneContext, tx: Tx, lease: NewLease, move: Transition, 
     _finish(ctx, tx, lease.request_id, move, now)
 
 
-def admit_at_once(
-    ctx: PlaneContext, tx: Tx, lease_id: str, request_id: str, owner_instance_id: str, event: EventKind, now: int
-) -> int | None:
-    """PostgreSQL with the session functions: :func:`change` of a :class:`NewLease` to ``admitted``, with the
-    generation taken from the request in the same statement (``ADMIT_REQUEST``, one round trip for what is
-    four statements otherwise). The new lease's generation, or ``None`` if the request is no longer queued."""
+def _admission(
+    lease_id: str, request_id: str, owner_instance_id: str, event: EventKind, now: int
+) -> tuple[Transition, dict[str, object]]:
+    """The ``queued -> admitted`` edge and the parameters of its one-statement reservation."""
     move = edge(event, RequestState.QUEUED, RequestState.ADMITTED)
-    params = {
+    params: dict[str, object] = {
         "lease_id": lease_id,
         "request_id": request_id,
         "owner_instance_id": owner_instance_id,
@@ -176,6 +174,16 @@ def admit_at_once(
         "target": move.target,
         "now": now,
     }
+    return move, params
+
+
+def admit_at_once(
+    ctx: PlaneContext, tx: Tx, lease_id: str, request_id: str, owner_instance_id: str, event: EventKind, now: int
+) -> int | None:
+    """PostgreSQL with the session functions: :func:`change` of a :class:`NewLease` to ``admitted``, with the
+    generation taken from the request in the same statement (``ADMIT_REQUEST``, one round trip for what is
+    four statements otherwise). The new lease's generation, or ``None`` if the request is no longer queued."""
+    move, params = _admission(lease_id, request_id, owner_instance_id, event, now)
     row = tx.row(ADMIT_REQUEST, params)
     if row is None:
         return None
@@ -193,15 +201,7 @@ def admit_sent(
     one round trip fewer inside the admission's lock. The new lease's generation is read after the commit
     (its :class:`~admission_plane.store.tx.Returned` row); a request no longer queued refuses the commit on the
     server (:class:`~admission_plane.store.unit_of_work.SentUnitRefused`), and nothing is committed."""
-    move = edge(event, RequestState.QUEUED, RequestState.ADMITTED)
-    params = {
-        "lease_id": lease_id,
-        "request_id": request_id,
-        "owner_instance_id": owner_instance_id,
-        "source": move.source,
-        "target": move.target,
-        "now": now,
-    }
+    move, params = _admission(lease_id, request_id, owner_instance_id, event, now)
     returned = tx.send_returning(SENT_ADMIT, params)
     _finish(ctx, tx, request_id, move, now)
     return returned

@@ -183,6 +183,17 @@ def _events(database_url: str, correlation: str) -> list[tuple[Any, ...]]:
     )  # fmt: skip
 
 
+def _two_admitted(plane: AdmissionPlane) -> tuple[AdmittedLease, AdmittedLease]:
+    """Requests ``a`` and ``b`` enqueued and admitted by ``plane``: their leases."""
+    owner = plane.owner_identity.owner_instance_id
+    for name in ("a", "b"):
+        enqueue(plane, name, f"agent-{name}", 1_000)
+    first, second = plane.admit_next(1_001, owner), plane.admit_next(1_002, owner)
+    assert first is not None
+    assert second is not None
+    return first, second
+
+
 def test_a_start_after_a_live_revision_is_refused_once_then_takes_the_revisions_long_way(
     make_plane: PlaneFactory, database_url: str, fallbacks: list[str]
 ) -> None:
@@ -191,12 +202,7 @@ def test_a_start_after_a_live_revision_is_refused_once_then_takes_the_revisions_
     refuses it once; the long way reads the revision and applies it, and the plane's next start takes the long
     way at once (a revision's start interval needs the start history read), refused by the revision."""
     plane = make_plane(policy=ROOMY)
-    owner = plane.owner_identity.owner_instance_id
-    for name in ("a", "b"):
-        enqueue(plane, name, f"agent-{name}", 1_000)
-    first, second = plane.admit_next(1_001, owner), plane.admit_next(1_002, owner)
-    assert first is not None
-    assert second is not None
+    first, second = _two_admitted(plane)
     make_plane(policy=ROOMY).set_policy(Policy(8, 1, 2_000, 1_800_000, 30_000), now=1_003)
     fallbacks.clear()
     plane.mark_starting(first, 1_004)
@@ -215,12 +221,7 @@ def test_a_start_sent_by_a_plane_with_a_lower_start_limit_is_held_to_it(
     window holds two), and the long way counts the starts: the first starts, the second is refused."""
     admitting = make_plane(policy=ROOMY)
     starting = make_plane(policy=Policy(8, 1, 0, 1_800_000, 30_000))
-    owner = admitting.owner_identity.owner_instance_id
-    for name in ("a", "b"):
-        enqueue(admitting, name, f"agent-{name}", 1_000)
-    first, second = admitting.admit_next(1_001, owner), admitting.admit_next(1_002, owner)
-    assert first is not None
-    assert second is not None
+    first, second = _two_admitted(admitting)
     fallbacks.clear()
     starting.mark_starting(first, 1_003)
     with pytest.raises(AdmissionStateError, match="concurrent start limit reached"):
