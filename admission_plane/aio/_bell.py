@@ -159,11 +159,15 @@ async def wait_for_admission(
     v.hook(on_wait, "admission wait on_wait", optional=True)
     deadline = None if timeout_ms is None else ctx.now() + timeout_ms
     delay = initial_delay_ms / 1000
+    # PostgreSQL: the first attempt writes at once unless this plane's last wait had to wait, as in the sync
+    # wait (see ``service._waiting``); later attempts look first.
+    direct = ctx.engine.dialect.name == "postgresql" and not ctx.queue_busy
+    first = True
 
     def look() -> tuple[Chimes | None, int, AdmittedLease | None, Wake | None]:
         seen = bell.read()  # before the look: a ring during the look still counts
         now = ctx.now()
-        lease, wake = admit_request(ctx, request_id, now, owner_instance_id, parallel=True)
+        lease, wake = admit_request(ctx, request_id, now, owner_instance_id, direct=direct, parallel=True)
         if lease is not None and adopt is not None:
             adopt(lease)
         return seen, now, lease, wake
@@ -172,8 +176,11 @@ async def wait_for_admission(
     try:
         while True:
             seen, now, lease, wake = await call(look)
+            direct = False
             if lease is not None:
+                ctx.queue_busy = not first
                 return lease
+            first = False
             if wake is None or (deadline is not None and now >= deadline):
                 return None
             if on_wait is not None:

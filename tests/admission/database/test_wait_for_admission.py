@@ -215,3 +215,64 @@ def test_a_postgres_wait_writes_at_once_unless_the_last_wait_had_to_wait(
     plane.abandon_before_prompt(held, clock.now, "failed")
     wait("after-a-quiet-wait")
     assert first_attempts == [True, True, False, True]
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_an_async_postgres_wait_writes_at_once_unless_the_last_wait_had_to_wait(
+    clocked: tuple[AdmissionPlane, Clock], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The asyncio wait follows the sync wait's rule on PostgreSQL: its first attempt takes the admission gate at
+    once (``direct``), unless the plane's last wait had to wait; then it looks first, until a wait is admitted
+    on its first attempt. The plane's sync and async waits share the hint."""
+    import asyncio
+
+    from admission_plane.aio import AsyncAdmissionPlane, _bell
+
+    plane, clock = clocked
+    first_attempts: list[bool] = []
+    calls_in_this_wait: list[bool] = []
+    admit = _bell.admit_request
+
+    def spy(*args: Any, direct: bool = False, **kwargs: Any) -> Any:
+        if not calls_in_this_wait:
+            first_attempts.append(direct)
+        calls_in_this_wait.append(direct)
+        return admit(*args, direct=direct, **kwargs)
+
+    monkeypatch.setattr(_bell, "admit_request", spy)
+
+    async def scenario(aplane: AsyncAdmissionPlane) -> None:
+        async def sleep(seconds: float) -> None:
+            clock.sleep(seconds)
+            await asyncio.sleep(0)
+
+        async def wait(request_id: str, on_wait: Callable[[int], object] | None = None) -> Any:
+            calls_in_this_wait.clear()
+            submit(plane, request_id, clock.now)
+            lease = await aplane.wait_for_admission(
+                request_id, "owner-1", sleep=sleep, on_wait=on_wait, timeout_ms=60_000, fallback_ms=5
+            )
+            assert lease is not None
+            return lease
+
+        held = await wait("admitted-at-once")
+        freed: list[int] = []
+
+        def free_the_seat(now: int) -> None:  # the wait found the seat taken: free it, and the wait goes on
+            if not freed:
+                freed.append(now)
+                plane.abandon_before_prompt(held, now, "failed")
+
+        held = await wait("had-to-wait", on_wait=free_the_seat)
+        assert freed
+        plane.abandon_before_prompt(held, clock.now, "failed")
+        held = await wait("after-a-busy-wait")
+        plane.abandon_before_prompt(held, clock.now, "failed")
+        await wait("after-a-quiet-wait")
+
+    async def main() -> None:
+        async with AsyncAdmissionPlane(plane) as aplane:
+            await scenario(aplane)
+
+    asyncio.run(main())
+    assert first_attempts == [True, True, False, True]
