@@ -171,6 +171,23 @@ def test_wait_refuses_a_bad_timeout_before_any_look(clocked: tuple[AdmissionPlan
         plane.wait_for_admission("r1", "owner-1", timeout_ms=-1, sleep=clock.sleep)
 
 
+def spy_on_attempts(monkeypatch: pytest.MonkeyPatch, module: Any) -> tuple[list[bool], list[bool]]:
+    """Record the ``direct`` flag of every ``admit_request`` the waiting ``module`` makes: the first attempt of each
+    wait (in the first list), and this wait's attempts (the second list: clear it before each wait)."""
+    first_attempts: list[bool] = []
+    calls_in_this_wait: list[bool] = []
+    admit = module.admit_request
+
+    def spy(*args: Any, direct: bool = False, **kwargs: Any) -> Any:
+        if not calls_in_this_wait:
+            first_attempts.append(direct)
+        calls_in_this_wait.append(direct)
+        return admit(*args, direct=direct, **kwargs)
+
+    monkeypatch.setattr(module, "admit_request", spy)
+    return first_attempts, calls_in_this_wait
+
+
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 def test_a_postgres_wait_writes_at_once_unless_the_last_wait_had_to_wait(
     clocked: tuple[AdmissionPlane, Clock], monkeypatch: pytest.MonkeyPatch
@@ -181,17 +198,7 @@ def test_a_postgres_wait_writes_at_once_unless_the_last_wait_had_to_wait(
     from admission_plane.service import _waiting
 
     plane, clock = clocked
-    first_attempts: list[bool] = []
-    admit = _waiting.admit_request
-
-    def spy(*args: Any, direct: bool = False, **kwargs: Any) -> Any:
-        if not calls_in_this_wait:
-            first_attempts.append(direct)
-        calls_in_this_wait.append(direct)
-        return admit(*args, direct=direct, **kwargs)
-
-    calls_in_this_wait: list[bool] = []
-    monkeypatch.setattr(_waiting, "admit_request", spy)
+    first_attempts, calls_in_this_wait = spy_on_attempts(monkeypatch, _waiting)
 
     def wait(request_id: str, on_wait: Callable[[int], object] | None = None) -> Any:
         calls_in_this_wait.clear()
@@ -229,17 +236,7 @@ def test_an_async_postgres_wait_writes_at_once_unless_the_last_wait_had_to_wait(
     from admission_plane.aio import AsyncAdmissionPlane, _bell
 
     plane, clock = clocked
-    first_attempts: list[bool] = []
-    calls_in_this_wait: list[bool] = []
-    admit = _bell.admit_request
-
-    def spy(*args: Any, direct: bool = False, **kwargs: Any) -> Any:
-        if not calls_in_this_wait:
-            first_attempts.append(direct)
-        calls_in_this_wait.append(direct)
-        return admit(*args, direct=direct, **kwargs)
-
-    monkeypatch.setattr(_bell, "admit_request", spy)
+    first_attempts, calls_in_this_wait = spy_on_attempts(monkeypatch, _bell)
 
     async def scenario(aplane: AsyncAdmissionPlane) -> None:
         async def sleep(seconds: float) -> None:
