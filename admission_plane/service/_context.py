@@ -148,12 +148,13 @@ class PlaneContext:
         return run(self.engine, work, read_only=read_only, gate=gate)
 
     def run_sent(self, sent: Callable[[Tx], T], work: Callable[[Tx], T], *, gate: Gate) -> T:
-        """Run ``sent``, a unit that sends all it writes with its commit, checked on the server (one round trip,
-        PostgreSQL with the session functions; ``sent`` runs ``work``'s way itself where it cannot send); if the
-        server found the database otherwise than ``sent`` assumed, nothing was committed: run ``work``, which
-        reads first, and so answers exactly (with the operation's own refusal where there is one)."""
+        """Run ``sent``, a unit that sends all it writes with its commit, checked on the server (one round trip),
+        where the connection holds the session functions, and ``work`` in its place elsewhere (SQLite, a pooler);
+        if the server found the database otherwise than ``sent`` assumed, nothing was committed: run ``work``,
+        which reads first, and so answers exactly (with the operation's own refusal where there is one).
+        ``sent`` may still run ``work`` itself when what it assumes is not known to hold."""
         try:
-            return self.run(sent, gate=gate)
+            return self.run(lambda tx: sent(tx) if tx.functions else work(tx), gate=gate)
         except SentUnitRefused:
             return self.run(work, gate=gate)
 

@@ -21,9 +21,10 @@ from ..store.statements.dispatch import (
 )
 from ..store.tx import Tx
 from ..store.unit_of_work import Gate, contention_name
-from ..values import DispatchIntentResult, DispatchRecord
+from ..values import DispatchIntentResult, DispatchRecord, LeaseFence
 from ._context import PlaneContext
 from ._inventory import dispatch_record_from_mapping
+from ._lifecycle import fence_params
 from ._transitions import change, move_sent
 
 S = RequestState
@@ -106,14 +107,8 @@ def _sent(ctx: PlaneContext, tx: Tx, record: DispatchRecord) -> DispatchIntentRe
     checks what ``_in_transaction`` would have read (``move_sent`` with ``dispatch``: the lease in ``starting``
     under the record's fence and request, and no evidence recorded for it). Anything else (a replay, a stale
     lease, stray evidence) refuses the unit, and ``_in_transaction`` answers it, reading first."""
-    if not tx.functions:
-        return _in_transaction(ctx, tx, record)
     committed_at = ctx.now()
-    fence: dict[str, object] = {
-        "lease_id": record.lease_id,
-        "owner_instance_id": record.owner_instance_id,
-        "generation": record.generation,
-    }
+    fence = fence_params(LeaseFence(record.lease_id, record.generation, record.owner_instance_id))
     move_sent(
         ctx, tx, fence, record.request_id, EventKind.REQUEST_DISPATCH_INTENT, S.STARTING, S.DISPATCH_INTENT,
         committed_at, dispatch=True,

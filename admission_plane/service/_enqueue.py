@@ -170,7 +170,7 @@ def send_request(ctx: PlaneContext, tx: Tx, meta: Metadata, connector: Connector
     session's requests): the caller then takes the long way in the same unit. When the server refuses, the
     commit raises :class:`~admission_plane.store.unit_of_work.SentUnitRefused`, nothing is committed, and the
     long way answers (a replay, a conflict, the revision's refusal)."""
-    if not tx.functions or connector is not ctx.owner_identity or not ctx.owner_recorded:
+    if connector is not ctx.owner_identity or not ctx.owner_recorded:
         return None
     revision, policy = ctx.policy_seen
     lane = policy.default_lane if meta.lane is None else meta.lane

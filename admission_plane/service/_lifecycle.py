@@ -257,15 +257,7 @@ def mark_starting(ctx: PlaneContext, fence: LeaseFence, now: int, request_id: st
             if latest is not None and now < latest + interval:
                 raise AdmissionStateError("start interval has not elapsed")
         change(ctx, tx, lease, K.REQUEST_STARTING, S.STARTING, now, locked=True)  # read locked, fenced, phased
-        # admitted -> starting keeps the lease in the start window, and with no interval no limit depends on when
-        # a start happened: nothing admission counts changes (``Tx.count_neutral``).
-        tx.count_neutral = interval == 0
-        # Last, as nothing in this unit reads them: on PostgreSQL they travel with the commit (``Tx.send``).
-        # Pruning after the read above changes nothing it sees: only starts before ``now - interval`` go.
-        if shared_start:
-            tx.send(SHARED_START_LOCK)
-        tx.send(DELETE_OLD_STARTS, {"cutoff": now - interval})
-        tx.send(INSERT_START, {"lease_id": fence.lease_id, "now": now})
+        _stamp_start(tx, fence, now, interval, shared=shared_start)
 
     if request_id is None:
         ctx.run(work, gate=Gate.LEASE)
@@ -273,18 +265,31 @@ def mark_starting(ctx: PlaneContext, fence: LeaseFence, now: int, request_id: st
 
     def sent(tx: Tx) -> None:
         revision, policy = ctx.policy_seen
-        if not tx.functions or policy.min_start_interval_ms != 0:
+        if policy.min_start_interval_ms != 0:
             work(tx)
             return
         # The shared start of ``work`` (see the module docstring), its reads checked on the server instead.
-        limits = {"limit": policy.max_concurrent_starts, "revision": revision}
-        move_sent(ctx, tx, fence_params(fence), request_id, K.REQUEST_STARTING, S.ADMITTED, S.STARTING, now, **limits)
-        tx.count_neutral = True
-        tx.send(SHARED_START_LOCK)
-        tx.send(DELETE_OLD_STARTS, {"cutoff": now})
-        tx.send(INSERT_START, {"lease_id": fence.lease_id, "now": now})
+        limit = policy.max_concurrent_starts
+        move_sent(
+            ctx, tx, fence_params(fence), request_id, K.REQUEST_STARTING, S.ADMITTED, S.STARTING, now,
+            limit=limit, revision=revision,
+        )  # fmt: skip
+        _stamp_start(tx, fence, now, 0, shared=True)
 
     ctx.run_sent(sent, work, gate=Gate.LEASE)
+
+
+def _stamp_start(tx: Tx, fence: LeaseFence, now: int, interval: int, *, shared: bool) -> None:
+    """What a start writes after its move: the start lock shared (``shared``, see the module docstring), the
+    starts older than ``interval`` pruned and this one stamped. Nothing in the unit reads them: on PostgreSQL
+    they travel with the commit (``Tx.send``). Pruning after the start's reads changes nothing they saw."""
+    # admitted -> starting keeps the lease in the start window, and with no interval no limit depends on when
+    # a start happened: nothing admission counts changes (``Tx.count_neutral``).
+    tx.count_neutral = interval == 0
+    if shared:
+        tx.send(SHARED_START_LOCK)
+    tx.send(DELETE_OLD_STARTS, {"cutoff": now - interval})
+    tx.send(INSERT_START, {"lease_id": fence.lease_id, "now": now})
 
 
 def move(
@@ -316,9 +321,6 @@ def move(
         return
 
     def sent(tx: Tx) -> None:
-        if not tx.functions:
-            work(tx)
-            return
         move_sent(ctx, tx, fence_params(fence), request_id, event, source, target, now)
 
     ctx.run_sent(sent, work, gate=Gate.LEASE)
@@ -454,9 +456,6 @@ def complete_live_turn(
     both = moves
 
     def sent(tx: Tx) -> None:
-        if not tx.functions:
-            work(tx)
-            return
         end_sent(ctx, tx, fence_params(fence), request_id, both, now)
 
     ctx.run_sent(sent, work, gate=Gate.LEASE)

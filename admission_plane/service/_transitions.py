@@ -237,21 +237,26 @@ def move_sent(
     source: str,
     target: str,
     now: int,
-    **checks: int | bool,
+    *,
+    limit: int | None = None,
+    revision: int = 0,
+    dispatch: bool = False,
 ) -> None:
     """PostgreSQL with the session functions: :func:`change` of the lease ``fence`` names, from phase ``source``,
     for a unit that reads nothing first: the move travels with the unit's commit and the server checks it
-    (``sent_move``), with what else the unit assumed (``checks``: ``limit`` and ``revision`` for a start,
-    ``dispatch=True`` for a dispatch intent). ``request_id`` is the lease's request as admission issued it
-    (:class:`~admission_plane.values.AdmittedLease`); the server refuses the move unless the lease names it.
+    (``sent_move``), with what else the unit assumed: for a start (``limit`` given), the start window within
+    ``limit`` and the durable policy at ``revision``; for a dispatch intent (``dispatch``), no evidence.
+    ``request_id`` is the lease's request as admission issued it (:class:`~admission_plane.values.AdmittedLease`);
+    the server refuses the move unless the lease names it.
     A refusal raises :class:`~admission_plane.store.unit_of_work.SentUnitRefused` from the commit, and
     nothing is committed (see :meth:`~admission_plane.service._context.PlaneContext.run_sent`)."""
     move = edge(event, source, target)
     if move.lease is not LeaseEffect.MOVE or move.target in TERMINAL_STATES:
         raise AdmissionStateError("the edge does not move the lease to a live phase")
-    starting, dispatch = "limit" in checks, bool(checks.pop("dispatch", False))
-    params = {**fence, **checks, "request_id": request_id, "source": source, "target": move.target, "now": now}
-    tx.send(sent_move(starting=starting, dispatch=dispatch), params)
+    params = {**fence, "request_id": request_id, "source": source, "target": move.target, "now": now}
+    if limit is not None:
+        params.update(limit=limit, revision=revision)
+    tx.send(sent_move(starting=limit is not None, dispatch=dispatch), params)
     _finish(ctx, tx, request_id, move, now)
 
 

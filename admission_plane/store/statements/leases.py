@@ -26,6 +26,8 @@ SELECT_LEASE = Query(_lease, LeaseRow)
 #: its write lock already covers the whole database).
 SELECT_LEASE_FOR_UPDATE = Query(_lease.with_for_update(of=L), LeaseRow)
 _window = aliased(L, name="window_lease")
+#: How many leases are in the start window (counted on an alias, so it can sit beside a statement on ``leases``).
+START_WINDOW_COUNT = select(func.count()).select_from(_window).where(one_of(_window.phase, START_WINDOW_PHASES))
 #: PostgreSQL: ``SELECT_LEASE_FOR_UPDATE``, the policy row (``SELECT_POLICY`` as a JSON array, ``NULL`` when
 #: none was claimed) and the number of leases in the start window, in one statement: what ``mark_starting``
 #: reads first. Why the policy read here is as current as one read after the lease's lock: if the statement
@@ -39,11 +41,7 @@ SELECT_START_READS = Statement(
     select(
         *LEASE_COLUMNS,
         json_row(SELECT_POLICY).label("policy"),
-        select(func.count())
-        .select_from(_window)
-        .where(one_of(_window.phase, START_WINDOW_PHASES))
-        .scalar_subquery()
-        .label("start_window"),
+        START_WINDOW_COUNT.scalar_subquery().label("start_window"),
     )
     .where(L.lease_id == P("lease_id"))
     .with_for_update(of=L),

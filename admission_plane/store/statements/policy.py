@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy import delete, exists, func, insert, literal_column, select, update
+from typing import Any
+
+from sqlalchemy import delete, exists, func, insert, literal, literal_column, select, update
 
 from ...states import DrainState
 from ..model import AdmissionPause, PolicyRevision, PolicyState
@@ -118,3 +120,14 @@ DELETE_PAUSE = Statement(delete(AP).where(*_scope))
 SELECT_ALL_PAUSES = Query(
     select(AP.lane, AP.provider, AP.model, AP.since).order_by(AP.lane, AP.provider, AP.model), PauseRow
 )
+
+
+def durable_revision() -> Any:
+    """The durable policy's revision (0: none claimed, or none set), for a statement that checks the one its
+    caller read (a unit sent whole with its commit)."""
+    return func.coalesce(select(PolicyState.revision).limit(1).scalar_subquery(), 0)
+
+
+def durable_drain_state() -> Any:
+    """The durable policy's drain state (``''``: none claimed, so nothing is draining)."""
+    return func.coalesce(select(PolicyState.drain_state).limit(1).scalar_subquery(), literal(""))

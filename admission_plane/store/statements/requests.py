@@ -6,10 +6,11 @@ from sqlalchemy import BigInteger, and_, func, insert, literal, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from ...states import OWNER_DEATH_PHASES, SEAT_PHASES, RequestState
-from ..model import Lease, PolicyState, QueuedOwnerInstance, TurnPayload, TurnRequest
+from ..model import Lease, QueuedOwnerInstance, TurnPayload, TurnRequest
 from ..rows import EntryRow, OwnerRow, PayloadRow, QueuedOwnerRow, RequestMeta, RequestRow, RequestStatus
 from ..tx import Query, Scalar, Statement
 from ._build import P, lit, one, one_of
+from .policy import durable_revision
 
 R, PL, QO = TurnRequest, TurnPayload, QueuedOwnerInstance
 QUEUED = RequestState.QUEUED
@@ -44,24 +45,21 @@ _new_request = {
 #: PostgreSQL: enqueues run side by side (``Gate.ENQUEUE``), so the same request enqueued twice at once
 #: inserts once; the other finds no row inserted (row count 0) and compares, as a replay does.
 #: A new request; nothing (row count 0) when one with its id is stored already.
+_insert_request_pg = postgresql.insert(R).values(**_new_request).on_conflict_do_nothing(index_elements=[R.request_id])
 INSERT_REQUEST = Statement(
     sqlite.insert(R).values(**_new_request).on_conflict_do_nothing(index_elements=[R.request_id]),
-    postgresql=postgresql.insert(R).values(**_new_request).on_conflict_do_nothing(index_elements=[R.request_id]),
+    postgresql=_insert_request_pg,
 )
 #: PostgreSQL, a connection holding the session functions: ``INSERT_REQUEST`` for an enqueue that reads nothing
 #: first and sends all it writes with its commit (``service._enqueue.send_request``), checked on the server by
 #: ``pg_temp.admission_plane_expect_sent``, which raises ``SENT_REFUSED`` (so nothing commits) unless the request
 #: was inserted (a replay, or the same request enqueued beside it, inserts nothing) and the durable policy is at
 #: the revision (``revision``; 0: none) whose policy the caller checked the request against.
-_inserted = postgresql.insert(R).values(**_new_request).on_conflict_do_nothing(index_elements=[R.request_id])
-_inserted_count = select(func.count()).select_from(_inserted.returning(R.request_id).cte("inserted_request"))
+_inserted = select(func.count()).select_from(_insert_request_pg.returning(R.request_id).cte("inserted_request"))
 SENT_REQUEST = Statement(
     select(
         func.pg_temp.admission_plane_expect_sent(
-            and_(
-                _inserted_count.scalar_subquery() == 1,
-                func.coalesce(select(PolicyState.revision).limit(1).scalar_subquery(), 0) == P("revision"),
-            )
+            and_(_inserted.scalar_subquery() == 1, durable_revision() == P("revision"))
         )
     ),
     only="postgresql",

@@ -11,12 +11,13 @@ import functools
 from typing import Any
 
 from sqlalchemy import BigInteger, Text, and_, cast, delete, exists, func, insert, literal, select, true, update
-from sqlalchemy.orm import aliased
 
-from ...states import START_WINDOW_PHASES, DrainState, LeaseEffect
-from ..model import BudgetCharge, Lease, LeaseProcessIdentity, PolicyState, TurnPayload, TurnRequest
+from ...states import DrainState, LeaseEffect
+from ..model import BudgetCharge, Lease, LeaseProcessIdentity, TurnPayload, TurnRequest
 from ..tx import Statement
-from ._build import P, fenced, one_of
+from ._build import P, fenced
+from .leases import START_WINDOW_COUNT
+from .policy import durable_drain_state, durable_revision
 
 R, L = TurnRequest, Lease
 
@@ -147,9 +148,7 @@ def combined_edge(effect: LeaseEffect, terminal: bool, payload: bool) -> Stateme
         payloads = DELETE_PAYLOAD_CONSTRUCT.returning(TurnPayload.request_id).cte("deleted_payload")
         columns.append(_count(payloads).label("payloads"))
     if effect is LeaseEffect.DELETE:
-        # ``''`` when no durable policy was claimed: read, and nothing is draining.
-        drain_state = select(PolicyState.drain_state).limit(1).scalar_subquery()
-        columns.append(func.coalesce(drain_state, literal("")).label("drain_state"))
+        columns.append(durable_drain_state().label("drain_state"))  # ``''``: no durable policy, nothing draining
     return Statement(select(*columns))
 
 
@@ -165,9 +164,6 @@ def sent_edge(terminal: bool) -> Statement:
     leases, requests = _edge_counts(LeaseEffect.MOVE, terminal)
     check = func.pg_temp.admission_plane_expect_edge(leases, requests, cast(P("target"), Text))
     return Statement(select(check), only="postgresql")
-
-
-_window = aliased(L, name="window_lease")
 
 
 @functools.cache
@@ -187,9 +183,7 @@ def sent_move(*, starting: bool = False, dispatch: bool = False) -> Statement:
     requests = SET_REQUEST_STATE_CONSTRUCT.returning(R.request_id)
     held = [_count(leases.cte("changed_lease")) == 1, _count(requests.cte("changed_request")) == 1]
     if starting:
-        window = select(func.count()).select_from(_window).where(one_of(_window.phase, START_WINDOW_PHASES))
-        revision = func.coalesce(select(PolicyState.revision).limit(1).scalar_subquery(), 0)
-        held += [window.scalar_subquery() <= P("limit"), revision == P("revision")]
+        held += [START_WINDOW_COUNT.scalar_subquery() <= P("limit"), durable_revision() == P("revision")]
     if dispatch:
         held.append(~exists().where(LeaseProcessIdentity.lease_id == P("lease_id")))
     return Statement(select(func.pg_temp.admission_plane_expect_sent(and_(*held))), only="postgresql")
@@ -205,12 +199,11 @@ def sent_release() -> Statement:
     and no soft drain is pending (``unread_release`` reads both for the unit that settles them)."""
     leases = DELETE_LEASE_CONSTRUCT.where(L.request_id == P("request_id")).returning(L.lease_id)
     requests = END_LEASED_REQUEST_CONSTRUCT.returning(R.request_id)
-    drain_state = func.coalesce(select(PolicyState.drain_state).limit(1).scalar_subquery(), literal(""))
     held = [
         _count(leases.cte("freed_lease")) == 1,
         _count(requests.cte("changed_request")) == 1,
         ~exists().where(BudgetCharge.charge_id == P("request_id")),
-        drain_state != literal(DrainState.SOFT_DRAINING_TO_1.value),
+        durable_drain_state() != literal(DrainState.SOFT_DRAINING_TO_1.value),
     ]
     return Statement(select(func.pg_temp.admission_plane_expect_sent(and_(*held))), only="postgresql")
 
@@ -265,9 +258,8 @@ def unread_release(payload: bool) -> Statement:
     charged = exists().where(BudgetCharge.charge_id == L.request_id).label("charged")
     leases = DELETE_LEASE_CONSTRUCT.returning(L.request_id, charged).cte("freed_lease")
     _requests, columns = _request_of(leases, True, payload)
-    drain_state = select(PolicyState.drain_state).limit(1).scalar_subquery()
     columns += [
-        func.coalesce(drain_state, literal("")).label("drain_state"),
+        durable_drain_state().label("drain_state"),
         select(leases.c.request_id).limit(1).scalar_subquery().label("request_id"),
         select(leases.c.charged).limit(1).scalar_subquery().label("charged"),
     ]

@@ -34,7 +34,7 @@ from admission_plane import (
 )
 from admission_plane.service._context import PlaneContext
 from admission_plane.store.tx import Returned, Scalar, Statement, Tx
-from admission_plane.store.unit_of_work import Gate, run
+from admission_plane.store.unit_of_work import Gate, SentUnitRefused, run
 
 ROOMY = Policy(8, 8, 0, 1_800_000, 30_000)
 COMPLETED = LiveTurnCompletion("completed")
@@ -42,18 +42,18 @@ COMPLETED = LiveTurnCompletion("completed")
 
 @pytest.fixture
 def fallbacks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """How many units the server refused and that ran again the long way (``PlaneContext.run_sent``)."""
+    """How many units the server refused, each of which ``PlaneContext.run_sent`` runs again the long way."""
     ran: list[str] = []
-    original = PlaneContext.run_sent
+    original = PlaneContext.run
 
-    def counted(self: PlaneContext, sent: Callable[..., Any], work: Callable[..., Any], **options: Any) -> Any:
-        def long_way(tx: Any) -> Any:
+    def counted(self: PlaneContext, work: Callable[..., Any], **options: Any) -> Any:
+        try:
+            return original(self, work, **options)
+        except SentUnitRefused:
             ran.append("long way")
-            return work(tx)
+            raise
 
-        return original(self, sent, long_way, **options)
-
-    monkeypatch.setattr(PlaneContext, "run_sent", counted)
+    monkeypatch.setattr(PlaneContext, "run", counted)
     return ran
 
 
