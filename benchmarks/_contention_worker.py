@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sqlite3
 import sys
 import time
@@ -48,6 +49,16 @@ def _driver_errors() -> tuple[type[BaseException], ...]:
 
 DRIVER_ERRORS = _driver_errors()
 COMPLETED = LiveTurnCompletion("completed")
+
+
+def _switches_since(before: resource.struct_rusage) -> dict[str, int]:
+    """This process's context switches since ``before``: voluntary (it blocked: a round trip, a lock, a sleep)
+    and involuntary (the kernel took the CPU from it while it could have run on)."""
+    now = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "voluntary_switches": now.ru_nvcsw - before.ru_nvcsw,
+        "involuntary_switches": now.ru_nivcsw - before.ru_nivcsw,
+    }
 
 
 def _wall_ms() -> int:
@@ -231,6 +242,7 @@ class Connector:
         GATE.enabled = True
         in_window = 0
         cpu_start = time.process_time()
+        usage = resource.getrusage(resource.RUSAGE_SELF)
         start = time.monotonic()
         deadline = start + seconds
         while time.monotonic() < deadline:
@@ -245,6 +257,7 @@ class Connector:
             "admission_polls": self.polls,
             "elapsed_s": time.monotonic() - start,
             "cpu_s": time.process_time() - cpu_start,
+            **_switches_since(usage),
             "errors": dict(self.errors),
             **GATE.figures(),
         }

@@ -1,13 +1,19 @@
-"""Client and server CPU per turn on PostgreSQL: ``python -m benchmarks.cpu_split --database URL``.
+"""Client and server CPU per turn: ``python -m benchmarks.cpu_split --database URL`` (or ``--sqlite``).
 
-Runs P contention workers (:mod:`benchmarks._contention_worker`) on one migrated database
-(``--database``; it is truncated before each window, as ``pg_scale`` does) and prints, per window,
-the turns per second, the workers' CPU per turn (what each worker reports) and the server's CPU per
-turn: the growth of user and system CPU of every process named ``postgres`` on this machine, read from
-``/proc`` before and after the window, the postmaster's reaped children included (so backends that
-exited with their workers count). Run it only against a server on this machine, with nothing else
-using it: every ``postgres`` process is counted. With ``--old`` it alternates two checkouts, as
-:mod:`benchmarks.ab_contention` does, so their figures come from neighbouring windows.
+Runs P contention workers (:mod:`benchmarks._contention_worker`) on one migrated PostgreSQL database
+(``--database``; it is truncated before each window, as ``pg_scale`` does) or, with ``--sqlite``, on a
+fresh SQLite file per window (in ``--dir``, default a temporary folder on the real disk), and prints, per
+window, the turns per second, the workers' CPU per turn (what each worker reports), their context
+switches per turn (voluntary: they blocked; involuntary: the kernel took the CPU from a runnable worker),
+their admission looks that did not admit per turn (0: nobody waited for a seat), and on PostgreSQL the
+server's CPU per turn: the growth of user and system CPU of every process named ``postgres`` on this
+machine, read from ``/proc`` before and after the window, the postmaster's reaped children included (so
+backends that exited with their workers count). Run it only against a server on this machine, with
+nothing else using it: every ``postgres`` process is counted. With ``--old`` it alternates two checkouts,
+as :mod:`benchmarks.ab_contention` does, so their figures come from neighbouring windows.
+
+With ``--seats`` at least the largest P, every turn's path is the same at every P (nobody waits), so the
+CPU per turn at P > 1 against P = 1 is what running side by side costs on this machine.
 """
 
 from __future__ import annotations
@@ -15,10 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
-from ._support import REPO, run_together
+from ._support import REPO, migrated, run_together
 from .pg_scale import _truncate
 
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -40,26 +47,49 @@ def server_cpu_seconds() -> float:
     return total / _TICKS
 
 
-def window(root: Path, database: str, processes: int, seconds: float, seats: int) -> dict[str, float]:
-    """One window from the checkout ``root``: turns per second and CPU milliseconds per turn."""
-    _truncate(database)
+def window(root: Path, database: str | Path, processes: int, seconds: float, seats: int) -> dict[str, float]:
+    """One window from the checkout ``root``: turns per second, CPU milliseconds per turn, and per turn the
+    workers' context switches and the admission looks that did not admit. ``database``: a migrated
+    PostgreSQL URL (truncated first; the server's CPU is measured too) or a folder, where the window gets
+    a fresh SQLite file of its own."""
+    postgres = str(database).startswith("postgresql")
+    if not postgres:
+        with tempfile.TemporaryDirectory(dir=database) as folder:
+            return _window(root, migrated(Path(folder) / "cpu_split.sqlite"), processes, seconds, seats, postgres)
+    _truncate(str(database))
+    return _window(root, database, processes, seconds, seats, postgres)
+
+
+def _window(
+    root: Path, database: str | Path, processes: int, seconds: float, seats: int, postgres: bool
+) -> dict[str, float]:
     policy = [seats, seats, 0, 1_800_000, 30_000]
-    arguments = ["--database", database, "--seconds", str(seconds), "--policy", json.dumps(policy)]
-    before = server_cpu_seconds()
+    arguments = ["--database", str(database), "--seconds", str(seconds), "--policy", json.dumps(policy)]
+    before = server_cpu_seconds() if postgres else 0.0
     reports = run_together("benchmarks._contention_worker", arguments, processes, seconds + 180, root=root)
-    server = server_cpu_seconds() - before
+    server = server_cpu_seconds() - before if postgres else 0.0
     turns = max(sum(report["turns"] for report in reports), 1)
-    return {
+
+    def per_turn(field: str) -> float:
+        return sum(report.get(field, 0) for report in reports) / turns
+
+    figures = {
         "turns_per_s": sum(report["turns_in_window"] for report in reports) / seconds,
-        "client_ms_per_turn": sum(report["cpu_s"] for report in reports) / turns * 1000,
-        "server_ms_per_turn": server / turns * 1000,
+        "client_ms_per_turn": per_turn("cpu_s") * 1000,
+        "voluntary_switches_per_turn": per_turn("voluntary_switches"),
+        "involuntary_switches_per_turn": per_turn("involuntary_switches"),
+        "looks_per_turn": per_turn("admission_polls"),
     }
+    return {**figures, "server_ms_per_turn": server / turns * 1000} if postgres else figures
 
 
 def main(argv: list[str] | None = None) -> None:
     """Print each window's figures (one JSON line each)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--database", required=True, help="a migrated PostgreSQL database URL on this machine")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--database", help="a migrated PostgreSQL database URL on this machine")
+    target.add_argument("--sqlite", action="store_true", help="a fresh SQLite file per window, in --dir")
+    parser.add_argument("--dir", help="with --sqlite: the folder for the files (default: a temporary one on disk)")
     parser.add_argument("--old", type=Path, help="another checkout to alternate with (a git worktree)")
     parser.add_argument("--processes", default="1,8")
     parser.add_argument("--rounds", type=int, default=3)
@@ -67,11 +97,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seats", type=int, default=8)
     args = parser.parse_args(argv)
     roots = {"new": REPO} if args.old is None else {"old": args.old.resolve(), "new": REPO}
-    for processes in (int(p) for p in args.processes.split(",") if p):
-        for number in range(args.rounds):
+    database: str | Path = args.database or Path(tempfile.mkdtemp(dir=args.dir or os.environ.get("BENCH_DISK_DIR")))
+    counts = [int(p) for p in args.processes.split(",") if p]
+    for number in range(args.rounds):  # round by round, so every P and checkout sees the same neighbours
+        for processes in counts:
             for label, root in roots.items():
-                figures = window(root, args.database, processes, args.seconds, args.seats)
-                print(json.dumps({"P": processes, "round": number + 1, "checkout": label, **figures}), flush=True)
+                figures = window(root, database, processes, args.seconds, args.seats)
+                rounded = {name: round(value, 3) for name, value in figures.items()}
+                print(json.dumps({"P": processes, "round": number + 1, "checkout": label, **rounded}), flush=True)
                 time.sleep(0.5)
 
 
