@@ -300,6 +300,9 @@ def compute_ratios() -> dict[str, Any]:
         "waiters_looks_doorbell_vs_polling": _ratio(
             _get("waiters.doorbell.looks_per_waiter_per_s"), _get("waiters.polling.looks_per_waiter_per_s")
         ),
+        "waiters_pg_cpu_doorbell_vs_polling": _ratio(
+            _get("waiters_postgresql.doorbell.cpu_s_per_s"), _get("waiters_postgresql.polling.cpu_s_per_s")
+        ),
         "async_threads_vs_sync_threads": _ratio(_get("async.asyncio.peak_threads"), _get("async.threads.peak_threads")),
         "async_cpu_per_turn_vs_sync": _ratio(
             _get("async.asyncio.cpu_s_per_turn"), _get("async.threads.cpu_s_per_turn")

@@ -7,7 +7,9 @@ as :meth:`AdmissionPlane.wait_for_admission` does on an SQLite file (reading the
 doorbell's counters between looks); in ``polling`` mode the doorbell is disabled, so
 every back-off step runs the admission look, as on a database without one. Figures: CPU
 seconds the waiters used per second of waiting (summed over the waiters) and admission
-looks per waiter per second. The summary reports the doorbell/polling CPU ratio.
+looks per waiter per second. The summary reports the doorbell/polling CPU ratio. The same on
+PostgreSQL (``test_idle_waiters_postgresql``), where the doorbell is the listening thread: a
+waiter blocks on it between rings and wakes for its clock only (``LISTENING_CLOCK_CHECK_S``).
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from ._support import (
 )
 
 
-def run_waiters(path: Path, mode: str) -> dict[str, Any]:
-    """Hold every seat, let ``WAITERS`` processes wait in ``mode``, gather their reports."""
+def run_waiters(path: Path | str, mode: str) -> dict[str, Any]:
+    """Hold every seat, let ``WAITERS`` processes wait in ``mode``, gather their reports (``path``: an
+    SQLite file, or a migrated and emptied PostgreSQL database URL)."""
     holder = open_plane(path, WAITERS_POLICY)
     leases = []
     try:
@@ -92,4 +95,14 @@ def test_idle_waiters(benchmark, disk_dir: Path, mode: str) -> None:
     benchmark.pedantic(lambda: figures.update(run_waiters(path, mode)), rounds=1, iterations=1)
     benchmark.extra_info.update(figures)
     RESULTS.setdefault("waiters", {})[mode] = figures
+    assert figures["looks"] >= WAITERS, "every waiter looked at least once"
+
+
+@pytest.mark.parametrize("mode", ["doorbell", "polling"])
+def test_idle_waiters_postgresql(benchmark, postgres_url: str, mode: str) -> None:
+    """As :func:`test_idle_waiters`, on PostgreSQL: the waiters time out without being admitted."""
+    figures: dict[str, Any] = {}
+    benchmark.pedantic(lambda: figures.update(run_waiters(postgres_url, mode)), rounds=1, iterations=1)
+    benchmark.extra_info.update(figures)
+    RESULTS.setdefault("waiters_postgresql", {})[mode] = figures
     assert figures["looks"] >= WAITERS, "every waiter looked at least once"

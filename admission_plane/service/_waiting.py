@@ -19,6 +19,10 @@ DOORBELL_FALLBACK_MS = 250
 LISTEN_READY_S = 1.0
 #: Without a doorbell, a waiter behind another request looks again after about this long (s).
 BEHIND_DELAY_S = 0.003
+#: On a listening doorbell (PostgreSQL) a ring wakes the waiter at once, so between rings it wakes only for
+#: the plane's clock: at ``limit`` (its fallback, a time it computed, its deadline) and at least this often
+#: (s), for clocks that are not paced like the wall clock (a test's clock moved by hand).
+LISTENING_CLOCK_CHECK_S = 0.05
 
 
 def wait_for_admission(
@@ -101,16 +105,18 @@ def _await_doorbell(
 ) -> None:
     """Sleep until ``wake`` is rung past ``seen`` or the plane's clock reaches ``limit``.
 
-    On PostgreSQL, with the real ``time.sleep``, the wait blocks on the listening doorbell
-    and wakes at the ring itself (a step is then only the longest wait between checks of
-    the clock); otherwise it polls the counters every step.
+    On PostgreSQL, with the real ``time.sleep``, the wait blocks on the listening doorbell and
+    wakes at the ring itself, and between rings only at ``limit`` or after
+    :data:`LISTENING_CLOCK_CHECK_S` (it used to wake every step, ``initial_delay_ms`` for a waiter
+    first in line: a thousand wake-ups a second per waiting connector); otherwise it polls the
+    counters every step.
     """
     step = initial_delay_ms / 1000
     listening = doorbell if isinstance(doorbell, ListeningDoorbell) and sleep is time.sleep else None
     last = seen
     while True:
         if listening is not None:
-            current = listening.wait_past(last, min(step, max(0.0, (limit - ctx.now()) / 1000)))
+            current = listening.wait_past(last, min(LISTENING_CLOCK_CHECK_S, max(0.0, (limit - ctx.now()) / 1000)))
         else:
             sleep(step * _jitter())
             current = doorbell.read()

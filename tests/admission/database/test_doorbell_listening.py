@@ -49,3 +49,39 @@ def test_a_postgres_waiter_is_admitted_at_the_ring_not_at_its_next_poll(postgres
     finally:
         holder.close()
         waiter.close()
+
+
+def test_an_idle_postgres_waiter_wakes_for_the_clock_only_every_few_hundredths_of_a_second(
+    postgres_url: str, monkeypatch: Any
+) -> None:
+    """First in line for a seat that stays held, with the default 1 ms polling delay and a 1 s wait: between
+    rings the waiter blocks on the listening doorbell for up to ``LISTENING_CLOCK_CHECK_S``, not for one
+    polling step (it used to wake every millisecond: about a thousand times in this wait)."""
+    from admission_plane.service import _waiting
+    from admission_plane.store.doorbell import ListeningDoorbell
+
+    upgrade(postgres_url)
+    keys: dict[str, Any] = {"encryption_key": ENCRYPTION_KEY, "content_fingerprint_key": CONTENT_KEY}
+    holder = AdmissionPlane(postgres_url, policy=Policy(1, 1, 0, 1_800_000, 30_000), **keys)
+    waiter = AdmissionPlane(postgres_url, policy=Policy(1, 1, 0, 1_800_000, 30_000), **keys)
+    waits: list[float] = []
+    wait_past = ListeningDoorbell.wait_past
+
+    def counted(self: ListeningDoorbell, seen: Any, timeout: float) -> Any:
+        waits.append(timeout)
+        return wait_past(self, seen, timeout)
+
+    monkeypatch.setattr(ListeningDoorbell, "wait_past", counted)
+    try:
+        now = wall_clock_ms()
+        enqueue(holder, "held", agent_id="agent-a", now=now, expires_at=now + 3_600_000)
+        enqueue(holder, "waiting", agent_id="agent-b", now=now + 1, expires_at=now + 3_600_000)
+        assert holder.admit_next(now + 2, holder.owner_identity.owner_instance_id) is not None
+        lease = waiter.wait_for_admission("waiting", waiter.owner_identity.owner_instance_id, timeout_ms=1_000)
+        assert lease is None  # the seat stayed held
+        assert waits, "the waiter blocked on the listening doorbell"
+        assert len(waits) <= 40, f"{len(waits)} wake-ups in a 1 s wait"  # 1 s / 0.05 s, twice over for slack
+        assert max(waits) <= _waiting.LISTENING_CLOCK_CHECK_S
+    finally:
+        holder.close()
+        waiter.close()
