@@ -291,8 +291,10 @@ class AdmissionService(RecoveryOperations):
         ``fallback_ms`` (default 250) have passed: lower it if programs that do not ring
         (the original connector) free seats on the same database. Many waiters therefore
         cost almost nothing, and a freed seat is taken within about ``initial_delay_ms``.
-        While there is no doorbell (a PostgreSQL listener still connecting) it polls the
-        look itself with the same back-off.
+        On PostgreSQL the counters are pushed (``LISTEN``): the waiter blocks until a ring or
+        the next moment its clock matters, and takes a freed seat at the ring. While there is
+        no doorbell (a PostgreSQL listener still connecting) it polls the look itself with the
+        same back-off.
 
         ``on_wait(now)`` is called after every look that did not admit (e.g. to show the
         queue position). ``now`` comes from the plane's clock. Delays that are not positive
