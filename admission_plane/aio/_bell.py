@@ -2,12 +2,13 @@
 
 Every waiting turn of an :class:`~admission_plane.aio.AsyncAdmissionPlane` registers a
 future and a predicate ("has what I wait for moved since I looked?") with the plane's
-:class:`AsyncBell`. One reader task reads the doorbell's counters every few milliseconds
-while anyone waits (a ``pread`` of 24 bytes on SQLite; an in-memory copy on PostgreSQL,
-whose listening thread also hands each ring to the loop at once with
-``call_soon_threadsafe``) and, only when the counters moved, resolves the futures whose
-predicate holds. A waiter's deadline is a ``call_later`` timer, not a task. So 200 waiting
-turns cost one task, 200 futures and timers, and one counter read per tick.
+:class:`AsyncBell`. On SQLite one reader task reads the doorbell's counters (a ``pread`` of
+24 bytes) every few milliseconds while anyone waits; on PostgreSQL there is no reader task:
+the listening thread hands each ring to the loop at once with ``call_soon_threadsafe``, and
+nothing else moves the counters. Only when the counters moved are the futures whose
+predicate holds resolved. A waiter's deadline is a ``call_later`` timer, not a task. So 200
+waiting turns cost one task (none on PostgreSQL), 200 futures and timers, and one counter
+read per tick (per ring on PostgreSQL).
 
 The look itself (``admit_request``) is the sync path's, run in the plane's executor: the
 doorbell only decides *when* to look, exactly as in :mod:`admission_plane.service._waiting`.
@@ -75,7 +76,8 @@ class AsyncBell:
         future: asyncio.Future[None] = loop.create_future()
         timer = loop.call_later(max(0.0, timeout_s), _resolve, future)
         self._waiters[future] = rung
-        if self._task is None or self._task.done():
+        # PostgreSQL: the listening thread's rings call ``_check`` (``_bind``); reading between them finds nothing new.
+        if not isinstance(self._doorbell, ListeningDoorbell) and (self._task is None or self._task.done()):
             self._last = current
             self._task = loop.create_task(self._watch(), name="admission-plane-aio-doorbell")
         try:
