@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
-
 from collections.abc import Iterator
+from typing import Any
 
 import attrs
 import pytest
