@@ -173,7 +173,13 @@ def run_worker(database: str, index: str, seconds: str, policy_json: str, seed: 
                     time.sleep(rng.uniform(0.001, 0.006))
                     continue
                 tally.counts["admitted"] += 1
-                fate = fates[tally.counts["admitted"] % len(fates)]
+                if _budgeted(plane, lease.request_id):
+                    # The budgets admit few turns (about 40 in all): worker i's k-th takes the fate at i + 8k of
+                    # FATES, so two budgeted turns a worker already drive every fate, every settlement with them.
+                    fate = list(FATES)[(int(index) + WORKERS * tally.counts["budgeted"]) % len(FATES)]
+                    tally.counts["budgeted"] += 1
+                else:
+                    fate = fates[tally.counts["admitted"] % len(fates)]
                 usage = _drive(plane, lease, fate, tally, rng)
                 tally.counts[fate] += 1
                 write(event="ended", request_id=lease.request_id, fate=fate, usage=usage)
@@ -216,6 +222,11 @@ class Spent:
                 and provider.reserved_tokens + provider.used_tokens > (PROVIDER_LONG.max_tokens or 0) - MAX_ESTIMATE
             )
         return self.answer
+
+
+def _budgeted(plane: AdmissionPlane, request_id: str) -> bool:
+    stored = plane.get_request(request_id)
+    return stored is not None and any(budget.covers(stored.provider, stored.model) for budget in BUDGETS)
 
 
 def _still_queued(plane: AdmissionPlane, request_id: str) -> bool:
