@@ -16,7 +16,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -89,12 +89,14 @@ def run_together(
     timeout_s: float,
     interpreter_options: dict[int, list[str]] | None = None,
     root: Path = REPO,
+    on_go: Callable[[], object] | None = None,
 ) -> list[dict[str, Any]]:
     """Start ``count`` worker processes (``python [options] -m <module> <arguments> --index i``)
     from the repository root, wait until each prints ``ready``, release them together with
     ``go``, and return each one's last output line as JSON. ``interpreter_options`` maps a
     worker index to extra interpreter arguments (e.g. ``-m cProfile -o FILE`` for worker 0);
-    ``root``: another checkout to run the workers from (its ``admission_plane`` comes first)."""
+    ``root``: another checkout to run the workers from (its ``admission_plane`` comes first);
+    ``on_go``: called once every worker has been released (to start measuring the window)."""
     options = interpreter_options or {}
     workers = [
         subprocess.Popen(
@@ -114,6 +116,8 @@ def run_together(
             assert worker.stdin is not None
             worker.stdin.write("go\n")
             worker.stdin.flush()
+        if on_go is not None:
+            on_go()
         reports = []
         for worker in workers:
             out, _ = worker.communicate(timeout=timeout_s)

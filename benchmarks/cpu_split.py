@@ -14,6 +14,10 @@ as :mod:`benchmarks.ab_contention` does, so their figures come from neighbouring
 
 With ``--seats`` at least the largest P, every turn's path is the same at every P (nobody waits), so the
 CPU per turn at P > 1 against P = 1 is what running side by side costs on this machine.
+
+With ``--locks`` (PostgreSQL) it samples what the backends wait for instead of the server's CPU
+(:mod:`benchmarks._lock_sampler`): how many held or waited for each of the plane's gates at an instant, on
+average, and how long each turn held the admission gate exclusively.
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from ._lock_sampler import LockSampler
 from ._support import REPO, migrated, run_together
 from .pg_scale import _truncate
 
@@ -47,27 +53,46 @@ def server_cpu_seconds() -> float:
     return total / _TICKS
 
 
-def window(root: Path, database: str | Path, processes: int, seconds: float, seats: int) -> dict[str, float]:
+def window(
+    root: Path, database: str | Path, processes: int, seconds: float, seats: int, *, locks: bool = False
+) -> dict[str, float]:
     """One window from the checkout ``root``: turns per second, CPU milliseconds per turn, and per turn the
     workers' context switches and the admission looks that did not admit. ``database``: a migrated
-    PostgreSQL URL (truncated first; the server's CPU is measured too) or a folder, where the window gets
-    a fresh SQLite file of its own."""
-    postgres = str(database).startswith("postgresql")
-    if not postgres:
+    PostgreSQL URL (truncated first; the server's CPU is measured too, or with ``locks`` what its backends
+    wait for) or a folder, where the window gets a fresh SQLite file of its own."""
+    if not str(database).startswith("postgresql"):
+        if locks:
+            raise ValueError("lock sampling needs a PostgreSQL database")
         with tempfile.TemporaryDirectory(dir=database) as folder:
-            return _window(root, migrated(Path(folder) / "cpu_split.sqlite"), processes, seconds, seats, postgres)
+            return _window(root, migrated(Path(folder) / "cpu_split.sqlite"), processes, seconds, seats)
     _truncate(str(database))
-    return _window(root, database, processes, seconds, seats, postgres)
+    if not locks:
+        return _window(root, database, processes, seconds, seats, server=True)
+    sampler = LockSampler(str(database), seconds)
+    try:
+        figures = _window(root, database, processes, seconds, seats, on_go=sampler.start)
+    finally:
+        waits = sampler.stop()
+    held = waits.get("admission_gate_exclusive_held", 0.0)
+    per_turn = held / figures["turns_per_s"] * 1000 if figures["turns_per_s"] else 0.0
+    return {**figures, **waits, "admission_gate_exclusive_ms_per_turn": per_turn}
 
 
 def _window(
-    root: Path, database: str | Path, processes: int, seconds: float, seats: int, postgres: bool
+    root: Path,
+    database: str | Path,
+    processes: int,
+    seconds: float,
+    seats: int,
+    *,
+    server: bool = False,
+    on_go: Callable[[], object] | None = None,
 ) -> dict[str, float]:
     policy = [seats, seats, 0, 1_800_000, 30_000]
     arguments = ["--database", str(database), "--seconds", str(seconds), "--policy", json.dumps(policy)]
-    before = server_cpu_seconds() if postgres else 0.0
-    reports = run_together("benchmarks._contention_worker", arguments, processes, seconds + 180, root=root)
-    server = server_cpu_seconds() - before if postgres else 0.0
+    before = server_cpu_seconds() if server else 0.0
+    reports = run_together("benchmarks._contention_worker", arguments, processes, seconds + 180, root=root, on_go=on_go)
+    spent = server_cpu_seconds() - before if server else 0.0
     turns = max(sum(report["turns"] for report in reports), 1)
 
     def per_turn(field: str) -> float:
@@ -80,7 +105,7 @@ def _window(
         "involuntary_switches_per_turn": per_turn("involuntary_switches"),
         "looks_per_turn": per_turn("admission_polls"),
     }
-    return {**figures, "server_ms_per_turn": server / turns * 1000} if postgres else figures
+    return {**figures, "server_ms_per_turn": spent / turns * 1000} if server else figures
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -95,14 +120,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--seats", type=int, default=8)
+    parser.add_argument("--locks", action="store_true", help="sample the gates' holders and waiters (PostgreSQL)")
     args = parser.parse_args(argv)
+    if args.locks and args.sqlite:
+        parser.error("--locks samples a PostgreSQL server's locks")
     roots = {"new": REPO} if args.old is None else {"old": args.old.resolve(), "new": REPO}
     database: str | Path = args.database or Path(tempfile.mkdtemp(dir=args.dir or os.environ.get("BENCH_DISK_DIR")))
     counts = [int(p) for p in args.processes.split(",") if p]
     for number in range(args.rounds):  # round by round, so every P and checkout sees the same neighbours
         for processes in counts:
             for label, root in roots.items():
-                figures = window(root, database, processes, args.seconds, args.seats)
+                figures = window(root, database, processes, args.seconds, args.seats, locks=args.locks)
                 rounded = {name: round(value, 3) for name, value in figures.items()}
                 print(json.dumps({"P": processes, "round": number + 1, "checkout": label, **rounded}), flush=True)
                 time.sleep(0.5)
