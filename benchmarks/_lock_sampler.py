@@ -4,7 +4,8 @@
 ``interval`` seconds reads, for the backends connected to the window's database:
 
 * the plane's advisory locks (the admission gate, the lease gate, the start and drain locks of
-  :mod:`admission_plane.store.unit_of_work`), by mode, held or waited for;
+  :mod:`admission_plane.store.unit_of_work`) and the listeners' lock of the doorbell, by mode, held or
+  waited for;
 * the lock PostgreSQL takes at the commit of a transaction that sent ``NOTIFY`` (an
   ``AccessExclusiveLock`` on the database object, ``pg_database`` 0): ``NOTIFY``ing commits run one at a time;
 * every backend's state: on the CPU (active and waiting for nothing), waiting for a lock, a lightweight
@@ -25,7 +26,13 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
-from admission_plane.store.unit_of_work import ADVISORY_LOCK_KEY, DRAIN_LOCK_KEY, LEASE_LOCK_KEY, START_LOCK_KEY
+from admission_plane.store.advisory import (
+    ADVISORY_LOCK_KEY,
+    DRAIN_LOCK_KEY,
+    LEASE_LOCK_KEY,
+    LISTENING_KEY,
+    START_LOCK_KEY,
+)
 
 #: The advisory keys the plane takes, by the name the figures use.
 GATES = {
@@ -33,6 +40,7 @@ GATES = {
     LEASE_LOCK_KEY: "lease_gate",
     START_LOCK_KEY: "start_lock",
     DRAIN_LOCK_KEY: "drain_lock",
+    LISTENING_KEY: "listeners_lock",
 }
 _PG_DATABASE = 1262  # pg_database's OID: the NOTIFY commit lock is an object lock on database 0
 _MODES = {"ExclusiveLock": "exclusive", "ShareLock": "shared", "AccessExclusiveLock": "exclusive"}

@@ -29,6 +29,26 @@ backend and listening thread, so a plane whose turns are admitted at once must n
 for everybody else's commits. Until it listens, and while it reconnects, ``read``
 returns ``None`` and waiters poll; each ``LISTEN`` counts as a change for everyone.
 
+Who is told (PostgreSQL): a ``NOTIFY`` costs every commit that sends one more than the statement
+(the server queues notifications one committing transaction at a time, holding a database-wide
+lock through the commit's WAL flush, so ringing commits do not share flushes), and most planes
+have nobody waiting. A writer therefore sends it only while some connection listens, which it
+learns without a round trip of its own: every listening connection holds the advisory lock
+:data:`~.advisory.LISTENING_KEY` shared, at session level (released by ``UNLISTEN`` or by the
+end of its session, so a listener that crashed leaves nothing behind), and a writer's commit
+round trip tries that lock exclusively for an instant (:data:`SOMEONE_LISTENS`): taken, nobody
+listens, and it is released at once; refused, someone listens (or another writer was trying it
+at the same instant: a spurious ring, which costs a look). Why no ring is lost: the writer tries
+the lock while it holds the admission gate (every writer that rings holds it through its commit,
+shared or exclusively; one that does not, a count-neutral lease unit, always sends), and a
+listener, after ``LISTEN`` and taking its lock, takes the admission gate exclusively for an
+instant before it counts the ``LISTEN`` as a change for everyone (:data:`REGISTER`). A writer
+that tried the lock after the listener took it sends, after the ``LISTEN``; one that tried it
+before still held the gate then, so it committed before the listener's barrier passed, and the
+waiters' next look sees what it did. Other programs (or another version of this library) that
+listen without the lock hear only the writers that found a listener; their waiters' fallback
+timer covers the rest, as for writers that do not ring.
+
 The doorbell only decides *when* to look; every decision is still made by the
 admission transaction itself, so a missed or spurious ring costs latency, never
 correctness. Writers that do not ring (the original JavaScript connector, the
@@ -53,11 +73,31 @@ import attrs
 from sqlalchemy import Engine
 
 from ..errors import AdmissionDatabaseError
+from .advisory import ADVISORY_LOCK_KEY, LISTENING_KEY
 from .engine import writer_lock_path
 
 _log = logging.getLogger(__name__)
 #: The PostgreSQL notification channel (one per database).
 CHANNEL = "admission_plane_doorbell"
+
+#: SQL condition, true when a writer's ``NOTIFY`` has someone to reach ("Who is told" above): the
+#: listeners' lock cannot be taken exclusively for an instant. Evaluated under the admission gate.
+SOMEONE_LISTENS = (
+    f"CASE WHEN pg_try_advisory_lock({LISTENING_KEY}) THEN NOT pg_advisory_unlock({LISTENING_KEY}) ELSE true END"
+)
+#: How long a listener waits to take its lock and pass the admission gate before it gives up, reconnects
+#: and tries again (its waiters poll meanwhile): a writer's session left holding the listeners' lock (its
+#: statement cancelled between taking and releasing it) would otherwise hold every listener back until it ended.
+REGISTER_TIMEOUT_MS = 5_000
+#: What a listening connection runs after ``LISTEN``, in one round trip: take the listeners' lock (shared, at
+#: session level: it outlives the transaction), then the admission gate exclusively for an instant (the
+#: barrier: every writer that tried the listeners' lock before has committed once it passes).
+REGISTER = (
+    f"BEGIN; SET LOCAL lock_timeout = {REGISTER_TIMEOUT_MS}; SELECT pg_advisory_lock_shared({LISTENING_KEY}); "
+    f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY}); COMMIT"
+)
+#: What a listening connection runs when nobody waits any more.
+UNREGISTER = f"SELECT pg_advisory_unlock_shared({LISTENING_KEY}); UNLISTEN {CHANNEL}"
 
 _COUNTERS = struct.Struct("<3Q")
 _MASK = (1 << 64) - 1
@@ -217,11 +257,12 @@ class ListeningDoorbell:
     """PostgreSQL: counters kept in memory by a thread that listens on :data:`CHANNEL`.
 
     It listens on demand: a waiter holds :meth:`interest` while it waits, and the thread,
-    started by the first interest, runs ``LISTEN`` on its own connection while any interest
-    is held and ``UNLISTEN`` once none has been for :data:`LINGER_S` (the connection stays
-    open for the next waiter). :meth:`read` returns ``None`` while it does not listen, and
-    whenever the connection was lost (the thread then reconnects every second); each
-    ``LISTEN`` counts as a change for everyone, since anything may have rung meanwhile.
+    started by the first interest, runs ``LISTEN`` (and :data:`REGISTER`) on its own connection
+    while any interest is held and ``UNLISTEN`` (:data:`UNREGISTER`) once none has been for
+    :data:`LINGER_S` (the connection stays open for the next waiter). :meth:`read` returns
+    ``None`` while it does not listen, and whenever the connection was lost (the thread then
+    reconnects every second); each ``LISTEN`` counts as a change for everyone, since anything
+    may have rung meanwhile (or not been sent: nobody listened).
     """
 
     __slots__ = (
@@ -364,7 +405,8 @@ class ListeningDoorbell:
     def _serve(self, connection: Any) -> None:
         """``LISTEN``, and count notifications until no interest was held for :data:`LINGER_S`; then ``UNLISTEN``."""
         connection.execute(f"LISTEN {CHANNEL}")
-        self._count(Chimes.of(Bell.EVERYONE))  # anything may have rung while nobody listened
+        connection.execute(REGISTER, prepare=False)  # several statements: the simple query protocol
+        self._count(Chimes.of(Bell.EVERYONE))  # anything may have rung (or not: nobody listened) until now
         self._ready.set()
         idle_since: float | None = None
         while not self._stop.is_set():
@@ -379,7 +421,7 @@ class ListeningDoorbell:
                 if now - idle_since < self.LINGER_S:
                     continue
                 self._ready.clear()
-            connection.execute(f"UNLISTEN {CHANNEL}")
+            connection.execute(UNREGISTER, prepare=False)
             return
 
     def close(self) -> None:

@@ -71,7 +71,8 @@ Why this is enough to serialise admission:
   transaction itself: ``BEGIN`` and its gates (constant text) travel with the unit's first
   statement in one round trip of the simple query protocol, as ``EXECUTE`` of that statement
   prepared by name on the connection (:meth:`~admission_plane.store.tx.Tx.open`); the unit
-  ends with ``NOTIFY`` and ``COMMIT`` in one more (a lease unit's admission gate too), which
+  ends with ``NOTIFY`` (only while someone listens: :mod:`.doorbell`) and ``COMMIT`` in one
+  more (a lease unit's admission gate too), which
   also carries the writes nobody in the unit reads back (the journal's event, the sends still
   held back: :meth:`~admission_plane.store.tx.Tx.send`); every other statement is prepared on
   the server (``prepare_threshold=0``, :mod:`.engine`). psycopg's own implicit ``BEGIN`` and
@@ -104,7 +105,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import PoolProxiedConnection
 
 from ..errors import AdmissionBusyError, AdmissionDatabaseError, AdmissionError, AdmissionStateError, LeaseFenceError
-from .doorbell import CHANNEL, Chimes, open_gate_file, ring
+from .advisory import ADVISORY_LOCK_KEY, DRAIN_LOCK_KEY, LEASE_LOCK_KEY, START_LOCK_KEY
+from .doorbell import CHANNEL, SOMEONE_LISTENS, Chimes, open_gate_file, ring
 from .engine import SQLITE_BEGIN, writer_lock_path
 from .failures import CONNECTION_LOST, connection_lost, driver_message
 from .session_functions import FENCE_REFUSED, REQUEST_DIVERGED, SENT_REFUSED
@@ -114,17 +116,6 @@ T = TypeVar("T")
 _LOG = logging.getLogger(__name__)
 _IDLE = 0  # libpq's PQTRANS_IDLE: no transaction open on the connection
 
-#: ``pg_advisory_xact_lock`` key of the admission gate ("admissn" in ASCII): every writer of one plane
-#: takes it, shared or exclusively, before its journal events (:class:`Gate`).
-ADVISORY_LOCK_KEY = 0x61646D697373_6E
-#: Key of the lease gate ("admissl"): lease units take it shared, ``Gate.EXCLUSIVE`` units exclusively.
-LEASE_LOCK_KEY = 0x61646D697373_6C
-#: Taken by ``mark_starting`` in a lease unit: shared when the start window already proves the
-#: start limit, exclusive when it must count starts or space them out ("admisss").
-START_LOCK_KEY = 0x61646D697373_73
-#: Taken exclusively by a lease unit that frees a seat while a soft drain is pending, before it
-#: counts the seats left ("admissd").
-DRAIN_LOCK_KEY = 0x61646D697373_64
 SQLITE_CONTENTION = frozenset(
     {
         "SQLITE_BUSY",
@@ -274,9 +265,16 @@ class UnitOfWork:
             if self._open:
                 # NOTIFY is delivered by the server only if, and when, the transaction commits.
                 rings = self.tx.rings
-                ending = f"SELECT pg_notify('{CHANNEL}', '{rings.payload()}'); COMMIT" if rings else "COMMIT"
                 ordered = self._gate_mode is Gate.LEASE and not self.tx.count_neutral
                 gate = (_LEASE_COMMIT_GATE,) if ordered else ()
+                ending = "COMMIT"
+                if rings:
+                    # Only while someone listens, which the unit may ask only under the admission gate
+                    # (the doorbell's "Who is told"); a count-neutral lease unit does not hold it.
+                    notify = f"SELECT pg_notify('{CHANNEL}', '{rings.payload()}')"
+                    if ordered or self._gate_mode is not Gate.LEASE:
+                        notify = f"{notify} WHERE {SOMEONE_LISTENS}"
+                    ending = f"{notify}; COMMIT"
                 self.tx.command("; ".join((*self.tx.closing(*gate), ending)))
                 self.tx.carried_rows()
             self._committed = True

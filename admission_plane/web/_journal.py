@@ -22,8 +22,8 @@ import attrs
 from sqlalchemy import Connection
 
 from ..states import ABSENT, EventKind, LeaseEffect, RequestState, transition
+from ..store.advisory import ADVISORY_LOCK_KEY, LEASE_LOCK_KEY
 from ..store.statements.metrics import EVENTS_AFTER, LAST_EVENT_SEQ
-from ..store.unit_of_work import ADVISORY_LOCK_KEY, LEASE_LOCK_KEY
 
 #: Upper bounds (seconds) of the admission-wait histogram's buckets (+Inf is implied).
 WAIT_BUCKETS_SECONDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 1800.0)

@@ -10,7 +10,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
 from admission_plane.migrate import upgrade
-from admission_plane.store.unit_of_work import ADVISORY_LOCK_KEY, LEASE_LOCK_KEY
+from admission_plane.store.advisory import ADVISORY_LOCK_KEY, LEASE_LOCK_KEY
 from admission_plane.web._journal import JournalFollower
 
 _EVENT = text(

@@ -19,7 +19,8 @@ from sqlalchemy import text
 from admission_plane import AdmissionPlane, InvalidInputError, KeyLimit, LiveTurnCompletion, Policy, RequestState
 from admission_plane.service import DOORBELL_FALLBACK_MS, _admission, wall_clock_ms
 from admission_plane.service._admission import Wake as _Wake
-from admission_plane.store.doorbell import CHANNEL, EVERYONE_STEP, Bell, Chimes, Doorbell, ListeningDoorbell, ring
+from admission_plane.store.advisory import LISTENING_KEY
+from admission_plane.store.doorbell import EVERYONE_STEP, Bell, Chimes, Doorbell, ListeningDoorbell, ring
 
 SQLITE_ONLY = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 
@@ -497,11 +498,7 @@ def test_postgres_listener_reconnects_after_losing_its_connection(
     engine = pg_engine(database_url)
     with engine.begin() as connection:
         ended = connection.execute(
-            text(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND pid <> pg_backend_pid() AND query = :listen"
-            ),
-            {"listen": f"LISTEN {CHANNEL}"},
+            text(f"SELECT count(pg_terminate_backend(pid)) FROM ({LISTENERS}) AS listener"), {"key": LISTENING_KEY}
         ).scalar_one()
     assert ended == 1
     deadline = time.monotonic() + 15
@@ -517,14 +514,21 @@ def chimes_or_none(plane: AdmissionPlane) -> Chimes | None:
     return plane._ctx.doorbell.read() if plane._ctx.doorbell is not None else None
 
 
+#: The sessions of this database that hold the listeners' lock (every listening doorbell: its registration).
+LISTENERS = (
+    "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND mode = 'ShareLock'"
+    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    " AND (classid::bigint << 32 | objid::bigint) = :key"
+)
+
+
 def listening_backends(database_url: str) -> int:
-    """Sessions of this database whose last statement was the doorbell's ``LISTEN`` (still listening)."""
+    """Sessions of this database registered as listening on the doorbell (holding the listeners' lock)."""
     engine = pg_engine(database_url)
     with engine.begin() as connection:
         return int(
             connection.execute(
-                text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = :listen"),
-                {"listen": f"LISTEN {CHANNEL}"},
+                text(f"SELECT count(*) FROM ({LISTENERS}) AS listener"), {"key": LISTENING_KEY}
             ).scalar_one()
         )
 

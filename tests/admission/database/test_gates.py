@@ -19,7 +19,7 @@ from planes import dispatch_record, enqueue, lease_in_phase
 from sqlalchemy import Connection, text
 
 from admission_plane import AdmissionPlane, AdmissionStateError, LiveTurnCompletion, Policy
-from admission_plane.store.unit_of_work import ADVISORY_LOCK_KEY, LEASE_LOCK_KEY, START_LOCK_KEY
+from admission_plane.store.advisory import ADVISORY_LOCK_KEY, LEASE_LOCK_KEY, START_LOCK_KEY
 
 pytestmark = pytest.mark.parametrize(
     "database_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True

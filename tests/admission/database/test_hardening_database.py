@@ -31,9 +31,9 @@ from admission_plane.errors import (
     SchemaIntegrityError,
 )
 from admission_plane.keys import CONTENT_KEY_VARIABLE, ENCRYPTION_KEY_VARIABLE
+from admission_plane.store.advisory import ADVISORY_LOCK_KEY
 from admission_plane.store.engine import create_admission_engine
 from admission_plane.store.schema_check import check_schema
-from admission_plane.store.unit_of_work import ADVISORY_LOCK_KEY
 
 KEYED = {ENCRYPTION_KEY_VARIABLE: ENCRYPTION_KEY.hex(), CONTENT_KEY_VARIABLE: CONTENT_KEY.hex()}
 

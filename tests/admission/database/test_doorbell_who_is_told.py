@@ -1,0 +1,199 @@
+"""PostgreSQL: a writer sends its doorbell ``NOTIFY`` only while some plane listens, and no ring is lost for it.
+
+The doorbell's "Who is told" (:mod:`admission_plane.store.doorbell`): every listening connection holds the
+listeners' advisory lock shared, and a writer's commit tries that lock under the admission gate. An
+*eavesdropper* here is a plain connection that runs ``LISTEN`` without taking the lock (what another program
+would do): it hears exactly the notifications the writers sent. Real planes, a real server, and for the
+crashed listener a real process killed with ``SIGKILL``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from planes import CONTENT_KEY, ENCRYPTION_KEY, activate, admit, enqueue
+from sqlalchemy.engine import make_url
+
+from admission_plane import AdmissionPlane, LiveTurnCompletion, Policy
+from admission_plane.migrate import upgrade
+from admission_plane.store.advisory import ADVISORY_LOCK_KEY, LISTENING_KEY
+from admission_plane.store.doorbell import CHANNEL, ListeningDoorbell
+
+pytestmark = pytest.mark.postgres
+
+TWO_SEATS = Policy(2, 2, 0, 1_800_000, 30_000)
+KEYS: dict[str, Any] = {"encryption_key": ENCRYPTION_KEY, "content_fingerprint_key": CONTENT_KEY}
+#: How long an eavesdropper waits for a notification that should not come.
+QUIET_S = 0.5
+
+
+def libpq(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@pytest.fixture
+def migrated(postgres_url: str) -> str:
+    upgrade(postgres_url)
+    return postgres_url
+
+
+@pytest.fixture
+def eavesdropper(migrated: str) -> Iterator[psycopg.Connection[Any]]:
+    """A connection listening on the doorbell's channel without registering as a listener."""
+    with psycopg.connect(libpq(migrated), autocommit=True) as connection:
+        connection.execute(f"LISTEN {CHANNEL}")
+        yield connection
+
+
+@pytest.fixture
+def writer(migrated: str) -> Iterator[AdmissionPlane]:
+    plane = AdmissionPlane(migrated, policy=TWO_SEATS, **KEYS)
+    try:
+        yield plane
+    finally:
+        plane.close()
+
+
+def heard(connection: psycopg.Connection[Any], timeout: float = QUIET_S) -> list[str]:
+    """The payloads of the notifications that arrive within ``timeout`` seconds."""
+    return [note.payload for note in connection.notifies(timeout=timeout)]
+
+
+def listen(plane: AdmissionPlane) -> ListeningDoorbell:
+    """Hold an interest in ``plane``'s doorbell for the rest of the test and wait until it listens."""
+    doorbell = plane._ctx.doorbell
+    assert isinstance(doorbell, ListeningDoorbell)
+    doorbell.interest()
+    assert doorbell.wait_ready(10) is not None, "the doorbell never started listening"
+    return doorbell
+
+
+def full_turn(plane: AdmissionPlane, request_id: str, now: int) -> None:
+    """A turn that rings at its admission (a request left the queue), its activation and its completion."""
+    enqueue(plane, request_id, agent_id=f"agent-{request_id}", now=now)
+    lease = admit(plane, now + 1)
+    activate(plane, lease, now + 2)
+    plane.complete_live_turn(lease, now + 10, LiveTurnCompletion("completed"))
+
+
+def test_nobody_listening_no_commit_notifies_and_none_leaves_the_listeners_lock_taken(
+    writer: AdmissionPlane, eavesdropper: psycopg.Connection[Any], migrated: str
+) -> None:
+    """A whole turn (an admission under the admission gate, lease units that take it at commit, an exclusive
+    cancel) with no plane listening sends nothing; and the instant try of the listeners' lock by each of those
+    commits was released: another session takes the lock exclusively at once."""
+    full_turn(writer, "r1", 1_000)
+    enqueue(writer, "r2", agent_id="agent-r2", now=1_100)
+    writer.cancel_queued("r2", 1_101)
+    assert heard(eavesdropper) == []
+    with psycopg.connect(libpq(migrated), autocommit=True) as other:
+        assert other.execute("SELECT pg_try_advisory_lock(%s)", [LISTENING_KEY]).fetchone() == (True,)
+
+
+def test_while_a_plane_listens_every_ringing_commit_notifies_and_the_listener_counts_it(
+    writer: AdmissionPlane, eavesdropper: psycopg.Connection[Any], migrated: str
+) -> None:
+    """With another plane's doorbell listening, the same turn's ringing commits all send: the eavesdropper hears
+    them, and the listening plane's counters move by what they carried (a request left the queue, the start
+    window and a seat were freed)."""
+    waiter = AdmissionPlane(migrated, policy=TWO_SEATS, **KEYS)
+    try:
+        doorbell = listen(waiter)
+        before = doorbell.read()
+        assert before is not None
+        full_turn(writer, "r1", 1_000)
+        assert heard(eavesdropper), "nothing was sent while a plane listened"
+        deadline = time.monotonic() + 5
+        while True:  # every notification the eavesdropper heard reaches the listener too
+            current = doorbell.read()
+            assert current is not None
+            moved = current.since(before)
+            if ((moved.queue, moved.seats) == (1, 1) and moved.starts >= 1) or time.monotonic() > deadline:
+                break
+            doorbell.wait_past(current, 0.05)
+        assert (moved.queue, moved.seats) == (1, 1)
+        assert moved.starts >= 1
+    finally:
+        waiter.close()
+
+
+def test_a_listener_counts_its_listen_only_once_every_writer_holding_the_admission_gate_has_committed(
+    migrated: str,
+) -> None:
+    """The barrier: while a transaction holds the admission gate (as a lease unit does through its commit, from
+    the instant it tried the listeners' lock), a plane that starts listening has taken the listeners' lock but
+    does not call itself ready; the moment that transaction commits, it does. Without the barrier a writer that
+    found nobody listening could commit after the waiter's next look, and its ring would be lost."""
+    waiter = AdmissionPlane(migrated, policy=TWO_SEATS, **KEYS)
+    try:
+        with psycopg.connect(libpq(migrated)) as holder:  # a transaction open until the block ends
+            holder.execute("SELECT pg_advisory_xact_lock_shared(%s)", [ADVISORY_LOCK_KEY])
+            doorbell = waiter._ctx.doorbell
+            assert isinstance(doorbell, ListeningDoorbell)
+            doorbell.interest()
+            with psycopg.connect(libpq(migrated), autocommit=True) as other:
+                for _ in range(200):  # the listener took its lock: writers from now on send
+                    taken = other.execute("SELECT pg_try_advisory_lock(%s)", [LISTENING_KEY]).fetchone()
+                    if taken == (False,):
+                        break
+                    other.execute("SELECT pg_advisory_unlock(%s)", [LISTENING_KEY])
+                    threading.Event().wait(0.025)
+                assert taken == (False,), "the listener never took the listeners' lock"
+            assert doorbell.wait_ready(QUIET_S) is None, "ready while a writer that may not have sent was in flight"
+            holder.commit()
+        assert doorbell.wait_ready(10) is not None, "not ready after the writer committed"
+    finally:
+        waiter.close()
+
+
+CRASHING_LISTENER = """
+import sys, time
+from admission_plane import AdmissionPlane, Policy
+plane = AdmissionPlane(sys.argv[1], policy=Policy(2, 2, 0, 1_800_000, 30_000),
+                       encryption_key=bytes([1]) * 32, content_fingerprint_key=bytes([2]) * 32)
+doorbell = plane._ctx.doorbell
+doorbell.interest()
+assert doorbell.wait_ready(10) is not None
+print("listening", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_listener_killed_mid_listen_leaves_no_registration_behind(
+    writer: AdmissionPlane, eavesdropper: psycopg.Connection[Any], migrated: str
+) -> None:
+    """A process whose plane listens is killed with ``SIGKILL``: while it lived, commits sent; once the server
+    has ended its session, they send nothing again (its registration was the session's own lock, gone with it)."""
+    root = Path(__file__).resolve().parents[3]
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_LISTENER, migrated], stdout=subprocess.PIPE, text=True, env=environment
+    )
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().strip() == "listening"
+        full_turn(writer, "r1", 1_000)
+        assert heard(eavesdropper), "nothing was sent while the other process listened"
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait(30)
+    with psycopg.connect(libpq(migrated), autocommit=True) as other:
+        for _ in range(400):  # the server notices the closed socket and ends the session
+            if other.execute("SELECT pg_try_advisory_lock(%s)", [LISTENING_KEY]).fetchone() == (True,):
+                other.execute("SELECT pg_advisory_unlock(%s)", [LISTENING_KEY])
+                break
+            threading.Event().wait(0.025)
+        else:
+            pytest.fail("the killed listener's session still holds the listeners' lock")
+    full_turn(writer, "r2", 2_000)
+    assert heard(eavesdropper) == []
