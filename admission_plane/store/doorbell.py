@@ -85,6 +85,14 @@ CHANNEL = "admission_plane_doorbell"
 SOMEONE_LISTENS = (
     f"CASE WHEN pg_try_advisory_lock({LISTENING_KEY}) THEN NOT pg_advisory_unlock({LISTENING_KEY}) ELSE true END"
 )
+#: What a unit runs after its commit round trip failed once it had asked :data:`SOMEONE_LISTENS`: a statement
+#: cancelled between taking the listeners' lock and releasing it would leave the session holding it (a
+#: session-level lock outlives the rollback) and keep every listener from registering until it ended.
+RELEASE_ASKED = (
+    f"SELECT pg_advisory_unlock({LISTENING_KEY}) FROM pg_locks WHERE locktype = 'advisory'"
+    f" AND pid = pg_backend_pid() AND granted AND mode = 'ExclusiveLock' AND classid = {LISTENING_KEY >> 32}"
+    f" AND objid = {LISTENING_KEY & 0xFFFFFFFF} AND objsubid = 1"
+)
 #: How long a listener waits to take its lock and pass the admission gate before it gives up, reconnects
 #: and tries again (its waiters poll meanwhile): a writer's session left holding the listeners' lock (its
 #: statement cancelled between taking and releasing it) would otherwise hold every listener back until it ended.

@@ -106,7 +106,7 @@ from sqlalchemy.pool import PoolProxiedConnection
 
 from ..errors import AdmissionBusyError, AdmissionDatabaseError, AdmissionError, AdmissionStateError, LeaseFenceError
 from .advisory import ADVISORY_LOCK_KEY, DRAIN_LOCK_KEY, LEASE_LOCK_KEY, START_LOCK_KEY
-from .doorbell import CHANNEL, SOMEONE_LISTENS, Chimes, open_gate_file, ring
+from .doorbell import CHANNEL, RELEASE_ASKED, SOMEONE_LISTENS, Chimes, open_gate_file, ring
 from .engine import SQLITE_BEGIN, writer_lock_path
 from .failures import CONNECTION_LOST, connection_lost, driver_message
 from .session_functions import FENCE_REFUSED, REQUEST_DIVERGED, SENT_REFUSED
@@ -194,6 +194,8 @@ class UnitOfWork:
         self._gate_mode = gate if gate is not None or read_only else Gate.EXCLUSIVE
         self._committed = False
         self._open = False
+        #: Whether the commit round trip asked whether anyone listens (see ``_end_postgres``).
+        self._asked = False
         self.tx: Tx
         #: Whether the transaction ended because the database connection was lost (it was discarded).
         self.connection_lost = False
@@ -243,6 +245,8 @@ class UnitOfWork:
         if raw.pgconn.transaction_status != _IDLE:
             raw.rollback()
             Tx.forget_prepared(connection.info)
+            if self._asked:  # the commit failed, perhaps between taking the listeners' lock and releasing it
+                raw.execute(RELEASE_ASKED, prepare=False)
         raw.autocommit = False
 
     def _release(self, connection: PoolProxiedConnection, *, lost: bool) -> None:
@@ -274,6 +278,7 @@ class UnitOfWork:
                     notify = f"SELECT pg_notify('{CHANNEL}', '{rings.payload()}')"
                     if ordered or self._gate_mode is not Gate.LEASE:
                         notify = f"{notify} WHERE {SOMEONE_LISTENS}"
+                        self._asked = True
                     ending = f"{notify}; COMMIT"
                 self.tx.command("; ".join((*self.tx.closing(*gate), ending)))
                 self.tx.carried_rows()

@@ -24,7 +24,7 @@ import pytest
 from planes import CONTENT_KEY, ENCRYPTION_KEY, activate, admit, enqueue
 from sqlalchemy.engine import make_url
 
-from admission_plane import AdmissionPlane, LiveTurnCompletion, Policy
+from admission_plane import AdmissionError, AdmissionPlane, LiveTurnCompletion, Policy
 from admission_plane.migrate import upgrade
 from admission_plane.store.advisory import ADVISORY_LOCK_KEY, LISTENING_KEY
 from admission_plane.store.doorbell import CHANNEL, ListeningDoorbell
@@ -197,3 +197,24 @@ def test_a_listener_killed_mid_listen_leaves_no_registration_behind(
             pytest.fail("the killed listener's session still holds the listeners' lock")
     full_turn(writer, "r2", 2_000)
     assert heard(eavesdropper) == []
+
+
+def test_a_commit_that_fails_after_taking_the_listeners_lock_gives_it_back(
+    writer: AdmissionPlane, migrated: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session-level lock outlives a rollback: were a commit's statement to fail between taking the listeners'
+    lock and releasing it (a cancel at that instant; here a division by zero placed there), the pooled
+    connection would keep it, and no listener could register while it lived. The unit's rollback gives it
+    back: the admission fails, nothing is admitted, and another session takes the lock at once."""
+    from admission_plane.store import unit_of_work
+
+    # Volatile, so not folded away at planning: the division fails after the lock was taken.
+    failing = f"CASE WHEN pg_try_advisory_lock({LISTENING_KEY}) THEN 1 / (0 * random())::int = 1 ELSE true END"
+    monkeypatch.setattr(unit_of_work, "SOMEONE_LISTENS", failing)
+    enqueue(writer, "r1", agent_id="agent-r1", now=1_000)
+    with pytest.raises(AdmissionError):
+        writer.admit_next(1_001, writer.owner_identity.owner_instance_id)
+    with psycopg.connect(libpq(migrated), autocommit=True) as other:
+        assert other.execute("SELECT pg_try_advisory_lock(%s)", [LISTENING_KEY]).fetchone() == (True,)
+    monkeypatch.undo()
+    assert admit(writer, 1_002).request_id == "r1"  # the failed admission changed nothing
