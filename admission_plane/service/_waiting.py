@@ -106,23 +106,27 @@ def _await_doorbell(
     """Sleep until ``wake`` is rung past ``seen`` or the plane's clock reaches ``limit``.
 
     On PostgreSQL, with the real ``time.sleep``, the wait blocks on the listening doorbell and
-    wakes at the ring itself, and between rings only at ``limit`` or after
+    wakes at a ring it waits for (the listening thread checks ``wake`` for it: ``wait_until``), and
+    otherwise only at ``limit`` or after
     :data:`LISTENING_CLOCK_CHECK_S` (it used to wake every step, ``initial_delay_ms`` for a waiter
     first in line: a thousand wake-ups a second per waiting connector); otherwise it polls the
     counters every step.
     """
     step = initial_delay_ms / 1000
     listening = doorbell if isinstance(doorbell, ListeningDoorbell) and sleep is time.sleep else None
-    last = seen
+
+    def rung(current: Chimes) -> bool:
+        return wake.rung(seen, current)
+
     while True:
         if listening is not None:
-            current = listening.wait_past(last, min(LISTENING_CLOCK_CHECK_S, max(0.0, (limit - ctx.now()) / 1000)))
+            # Woken by the listening thread only for a ring this waiter waits for (``wait_until``).
+            current = listening.wait_until(rung, min(LISTENING_CLOCK_CHECK_S, max(0.0, (limit - ctx.now()) / 1000)))
         else:
             sleep(step * _jitter())
             current = doorbell.read()
-        if current is None or wake.rung(seen, current) or ctx.now() >= limit:
+        if current is None or rung(current) or ctx.now() >= limit:
             return
-        last = current
         if not (wake.seats or wake.starts):  # not first in line: no hurry
             step = min(step * 2, max_delay_ms / 1000)
 

@@ -283,6 +283,7 @@ class ListeningDoorbell:
         "_ready",
         "_stop",
         "_thread",
+        "_waiting",
         "_wanted",
     )
 
@@ -305,6 +306,8 @@ class ListeningDoorbell:
         self._interest = 0
         self._thread: threading.Thread | None = None
         self._listeners: tuple[Callable[[], object], ...] = ()
+        #: The waiters blocked in :meth:`wait_until`: each one's flag and the condition that sets it.
+        self._waiting: dict[threading.Event, Callable[[Chimes], bool]] = {}
 
     @classmethod
     def for_engine(cls, engine: Engine) -> ListeningDoorbell:
@@ -366,6 +369,30 @@ class ListeningDoorbell:
                 self._changed.wait(timeout)
             return self._chimes if self._ready.is_set() else None
 
+    def wait_until(self, wanted: Callable[[Chimes], bool], timeout: float) -> Chimes | None:
+        """Block until ``wanted(counters)`` holds, ``timeout`` seconds pass, or the doorbell stops listening;
+        then :meth:`read` (``None``: not listening).
+
+        The listening thread evaluates ``wanted`` at each counted change and wakes only the waiters whose
+        condition now holds, so a waiter sleeps through the rings that do not concern it (with
+        :meth:`wait_past` every ring wakes every waiting thread of the plane, each to find out for itself).
+        ``wanted`` runs on the listening thread, under the doorbell's lock: it must be quick, must not block
+        and must not call the doorbell; if it raises, its waiter is woken to find out for itself.
+        """
+        flag = threading.Event()
+        with self._lock:
+            if not self._ready.is_set():
+                return None
+            if _holds(wanted, self._chimes):
+                return self._chimes
+            self._waiting[flag] = wanted
+        try:
+            flag.wait(timeout)
+        finally:
+            with self._lock:
+                del self._waiting[flag]
+        return self.read()
+
     def subscribe(self, listener: Callable[[], object]) -> Callable[[], None]:
         """Call ``listener()`` on the listening thread after every counted change; returns the
         unsubscribe function. The asyncio API hands rings to its event loop this way."""
@@ -380,8 +407,11 @@ class ListeningDoorbell:
 
     def _count(self, delta: Chimes) -> None:
         with self._lock:
-            self._chimes = self._chimes.plus(delta)
+            self._chimes = chimes = self._chimes.plus(delta)
             self._changed.notify_all()
+            for flag, wanted in self._waiting.items():
+                if not flag.is_set() and _holds(wanted, chimes):
+                    flag.set()
             listeners = self._listeners
         for listener in listeners:
             try:
@@ -405,7 +435,7 @@ class ListeningDoorbell:
             except Exception as error:  # noqa: BLE001 - lost connection: poll until it is back
                 _log.debug("admission doorbell lost its connection: %s", type(error).__name__)
             finally:
-                self._ready.clear()
+                self._stop_listening()
                 with contextlib.suppress(Exception):
                     connection.close()
             self._stop.wait(1.0)
@@ -429,17 +459,38 @@ class ListeningDoorbell:
                 if now - idle_since < self.LINGER_S:
                     continue
                 self._ready.clear()
+                self._wake_all()
             connection.execute(UNREGISTER, prepare=False)
             return
+
+    def _stop_listening(self) -> None:
+        """Not listening any more (the connection was lost, or the doorbell closes): every waiter finds out now."""
+        with self._lock:
+            self._ready.clear()
+            self._wake_all()
+
+    def _wake_all(self) -> None:
+        """Under the lock: wake every :meth:`wait_until` waiter."""
+        for flag in self._waiting:
+            flag.set()
 
     def close(self) -> None:
         """Stop the listener thread and close its connection (idempotent)."""
         self._stop.set()
-        self._ready.clear()
+        self._stop_listening()
         self._wanted.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=2 * self.POLL_S + 1.0)
+
+
+def _holds(wanted: Callable[[Chimes], bool], chimes: Chimes) -> bool:
+    """``wanted(chimes)``, or ``True`` if it raised: its waiter then wakes and finds out for itself."""
+    try:
+        return bool(wanted(chimes))
+    except Exception as error:  # noqa: BLE001 - a waiter's condition must not stop the counting
+        _log.debug("admission doorbell wait condition failed: %s", type(error).__name__)
+        return True
 
 
 def open_doorbell(engine: Engine) -> Doorbell | ListeningDoorbell | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +13,7 @@ from planes import CONTENT_KEY, ENCRYPTION_KEY, enqueue
 
 from admission_plane import AdmissionPlane, AdmittedLease, Policy, wall_clock_ms
 from admission_plane.migrate import upgrade
+from admission_plane.store.doorbell import Chimes
 
 
 @attrs.frozen
@@ -80,13 +82,13 @@ def test_an_idle_postgres_waiter_wakes_for_the_clock_only_every_few_hundredths_o
     from admission_plane.store.doorbell import ListeningDoorbell
 
     waits: list[float] = []
-    wait_past = ListeningDoorbell.wait_past
+    wait_until = ListeningDoorbell.wait_until
 
-    def counted(self: ListeningDoorbell, seen: Any, timeout: float) -> Any:
+    def counted(self: ListeningDoorbell, wanted: Any, timeout: float) -> Any:
         waits.append(timeout)
-        return wait_past(self, seen, timeout)
+        return wait_until(self, wanted, timeout)
 
-    monkeypatch.setattr(ListeningDoorbell, "wait_past", counted)
+    monkeypatch.setattr(ListeningDoorbell, "wait_until", counted)
     waiter = held_seat.waiter
     lease = waiter.wait_for_admission("waiting", waiter.owner_identity.owner_instance_id, timeout_ms=1_000)
     assert lease is None  # the seat stayed held
@@ -115,3 +117,55 @@ def test_an_idle_async_postgres_waiter_reads_the_counters_only_when_they_ring(he
     lease, reads = asyncio.run(main())
     assert lease is None  # the seat stayed held
     assert reads <= 10, f"{reads} counter reads in a 1 s wait with nothing ringing"
+
+
+def test_a_postgres_waiter_sleeps_through_the_rings_it_does_not_wait_for(postgres_url: str) -> None:
+    """``ListeningDoorbell.wait_until``: a waiter for a freed seat is not woken by rings of queue departures and
+    freed start slots: the listening thread checks its condition at each ring (never the waiter's own thread) and
+    wakes it only at the ring of a freed seat, with the counters that ring left. Rings are sent here as a plain
+    ``NOTIFY`` of the doorbell's payload, from a connection of their own."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    from admission_plane.store.doorbell import CHANNEL, ListeningDoorbell
+    from admission_plane.store.engine import create_admission_engine
+
+    upgrade(postgres_url)
+    engine = create_admission_engine(postgres_url)
+    doorbell = ListeningDoorbell.for_engine(engine)
+    dsn = make_url(postgres_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    try:
+        release = doorbell.interest()
+        before = doorbell.wait_ready(10)
+        assert before is not None, "the doorbell never started listening"
+        checked_on: list[str] = []
+        woken: dict[str, Any] = {}
+
+        def seat_freed(current: Any) -> bool:
+            checked_on.append(threading.current_thread().name)
+            return bool(current.since(before).seats)
+
+        def wait() -> None:
+            woken["chimes"] = doorbell.wait_until(seat_freed, 30)
+            woken["checks"] = len(checked_on)
+
+        waiter = threading.Thread(target=wait, name="waiter")
+        waiter.start()
+        with psycopg.connect(dsn, autocommit=True) as ringer:
+            for payload in ("1,0,0", "0,0,1", "1,0,1"):  # a departure, a start slot, both: not for this waiter
+                ringer.execute(f"NOTIFY {CHANNEL}, '{payload}'")
+            deadline = time.monotonic() + 10
+            while len(checked_on) < 4 and time.monotonic() < deadline:  # its first check, then one per ring
+                time.sleep(0.01)
+            assert waiter.is_alive(), "woken by a ring it does not wait for"
+            ringer.execute(f"NOTIFY {CHANNEL}, '0,1,0'")
+            waiter.join(10)
+        assert not waiter.is_alive()
+        assert woken["chimes"].since(before) == Chimes(2, 1, 2)
+        assert checked_on[0] == "waiter"  # the check before it blocked
+        assert set(checked_on[1:]) == {"admission-plane-doorbell"}
+        assert woken["checks"] == 5
+        release()
+    finally:
+        doorbell.close()
+        engine.dispose()
