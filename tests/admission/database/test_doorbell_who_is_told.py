@@ -162,39 +162,70 @@ from admission_plane import AdmissionPlane, Policy
 plane = AdmissionPlane(sys.argv[1], policy=Policy(2, 2, 0, 1_800_000, 30_000),
                        encryption_key=bytes([1]) * 32, content_fingerprint_key=bytes([2]) * 32)
 doorbell = plane._ctx.doorbell
+print("opened", flush=True)
+sys.stdin.readline()
 doorbell.interest()
-assert doorbell.wait_ready(10) is not None
-print("listening", flush=True)
+if sys.argv[2] == "listening":
+    assert doorbell.wait_ready(10) is not None
+print(sys.argv[2], flush=True)
 time.sleep(600)
 """
 
 
-def test_a_listener_killed_mid_listen_leaves_no_registration_behind(
-    writer: AdmissionPlane, eavesdropper: psycopg.Connection[Any], migrated: str
+def lock_is_free(connection: psycopg.Connection[Any]) -> bool:
+    """Whether the listeners' lock can be taken exclusively now (taken and given back at once)."""
+    if connection.execute("SELECT pg_try_advisory_lock(%s)", [LISTENING_KEY]).fetchone() != (True,):
+        return False
+    connection.execute("SELECT pg_advisory_unlock(%s)", [LISTENING_KEY])
+    return True
+
+
+def wait_for(condition: Any, what: str, seconds: float = 10) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.025)
+
+
+@pytest.mark.parametrize("step", ["at the barrier", "listening"])
+def test_a_listener_killed_at_any_step_leaves_no_registration_behind(
+    writer: AdmissionPlane, eavesdropper: psycopg.Connection[Any], migrated: str, step: str
 ) -> None:
-    """A process whose plane listens is killed with ``SIGKILL``: while it lived, commits sent; once the server
-    has ended its session, they send nothing again (its registration was the session's own lock, gone with it)."""
+    """A process whose plane registers as a listener is killed with ``SIGKILL``: once it has taken the listeners'
+    lock and waits at the barrier (the admission gate held by a transaction of the test), or once it listens
+    (commits then send). After the server has ended its session the lock is free again, and commits send
+    nothing: its registration was the session's own lock, gone with it."""
     root = Path(__file__).resolve().parents[3]
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    process = subprocess.Popen(
-        [sys.executable, "-c", CRASHING_LISTENER, migrated], stdout=subprocess.PIPE, text=True, env=environment
-    )
-    try:
-        assert process.stdout is not None
-        assert process.stdout.readline().strip() == "listening"
-        full_turn(writer, "r1", 1_000)
-        assert heard(eavesdropper), "nothing was sent while the other process listened"
-    finally:
-        process.send_signal(signal.SIGKILL)
-        process.wait(30)
-    with psycopg.connect(libpq(migrated), autocommit=True) as other:
-        for _ in range(400):  # the server notices the closed socket and ends the session
-            if other.execute("SELECT pg_try_advisory_lock(%s)", [LISTENING_KEY]).fetchone() == (True,):
-                other.execute("SELECT pg_advisory_unlock(%s)", [LISTENING_KEY])
-                break
-            threading.Event().wait(0.025)
-        else:
-            pytest.fail("the killed listener's session still holds the listeners' lock")
+    dsn = libpq(migrated)
+    with psycopg.connect(dsn) as gate_holder, psycopg.connect(dsn, autocommit=True) as other:
+        process = subprocess.Popen(
+            [sys.executable, "-c", CRASHING_LISTENER, migrated, step],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=environment,
+        )
+        try:
+            assert process.stdout is not None
+            assert process.stdin is not None
+            assert process.stdout.readline().strip() == "opened"
+            if step == "at the barrier":  # held from before the listener starts, so it stops at the barrier
+                gate_holder.execute("SELECT pg_advisory_xact_lock_shared(%s)", [ADVISORY_LOCK_KEY])
+            process.stdin.write("go\n")
+            process.stdin.flush()
+            assert process.stdout.readline().strip() == step
+            if step == "listening":
+                full_turn(writer, "r1", 1_000)
+                assert heard(eavesdropper), "nothing was sent while the other process listened"
+            else:
+                wait_for(lambda: not lock_is_free(other), "the listener never took the listeners' lock")
+        finally:
+            process.send_signal(signal.SIGKILL)
+            process.wait(30)
+        gate_holder.rollback()
+        # The server notices the closed socket and ends the session.
+        wait_for(lambda: lock_is_free(other), "the killed listener's session still holds the listeners' lock")
     full_turn(writer, "r2", 2_000)
     assert heard(eavesdropper) == []
 
