@@ -243,10 +243,11 @@ class UnitOfWork:
         if raw is None or raw.closed:
             return
         if raw.pgconn.transaction_status != _IDLE:
-            raw.rollback()
-            Tx.forget_prepared(connection.info)
             if self._asked:  # the commit failed, perhaps between taking the listeners' lock and releasing it
-                raw.execute(RELEASE_ASKED, prepare=False)
+                raw.execute(f"ROLLBACK; {RELEASE_ASKED}", prepare=False)  # one round trip
+            else:
+                raw.rollback()
+            Tx.forget_prepared(connection.info)
         raw.autocommit = False
 
     def _release(self, connection: PoolProxiedConnection, *, lost: bool) -> None:

@@ -35,6 +35,11 @@ def is_postgres(database: str) -> bool:
     return database.startswith("postgresql")
 
 
+def libpq_url(url: str) -> str:
+    """The libpq connection string of a SQLAlchemy PostgreSQL URL (for ``psycopg.connect``), password kept."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
 @cache
 def pg_engine(url: str) -> Engine:
     """An engine on the PostgreSQL database ``url``, shared by every call of the run."""

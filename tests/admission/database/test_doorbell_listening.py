@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 import pytest
+from dbutil import libpq_url
 from planes import CONTENT_KEY, ENCRYPTION_KEY, enqueue
 
 from admission_plane import AdmissionPlane, AdmittedLease, Policy, wall_clock_ms
@@ -125,7 +126,6 @@ def test_a_postgres_waiter_sleeps_through_the_rings_it_does_not_wait_for(postgre
     wakes it only at the ring of a freed seat, with the counters that ring left. Rings are sent here as a plain
     ``NOTIFY`` of the doorbell's payload, from a connection of their own."""
     import psycopg
-    from sqlalchemy.engine import make_url
 
     from admission_plane.store.doorbell import CHANNEL, ListeningDoorbell
     from admission_plane.store.engine import create_admission_engine
@@ -133,7 +133,7 @@ def test_a_postgres_waiter_sleeps_through_the_rings_it_does_not_wait_for(postgre
     upgrade(postgres_url)
     engine = create_admission_engine(postgres_url)
     doorbell = ListeningDoorbell.for_engine(engine)
-    dsn = make_url(postgres_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    dsn = libpq_url(postgres_url)
     try:
         release = doorbell.interest()
         before = doorbell.wait_ready(10)

@@ -20,8 +20,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from dbutil import libpq_url
 from planes import CONTENT_KEY, ENCRYPTION_KEY, activate, admit, enqueue
-from sqlalchemy.engine import make_url
 
 from admission_plane import AdmissionError, AdmissionPlane, LiveTurnCompletion, Policy
 from admission_plane.migrate import upgrade
@@ -36,10 +36,6 @@ KEYS: dict[str, Any] = {"encryption_key": ENCRYPTION_KEY, "content_fingerprint_k
 QUIET_S = 0.5
 
 
-def libpq(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 @pytest.fixture
 def migrated(postgres_url: str) -> str:
     upgrade(postgres_url)
@@ -49,7 +45,7 @@ def migrated(postgres_url: str) -> str:
 @pytest.fixture
 def eavesdropper(migrated: str) -> Iterator[psycopg.Connection[Any]]:
     """A connection listening on the doorbell's channel without registering as a listener."""
-    with psycopg.connect(libpq(migrated), autocommit=True) as connection:
+    with psycopg.connect(libpq_url(migrated), autocommit=True) as connection:
         connection.execute(f"LISTEN {CHANNEL}")
         yield connection
 
@@ -95,8 +91,8 @@ def test_nobody_listening_no_commit_notifies_and_none_leaves_the_listeners_lock_
     enqueue(writer, "r2", agent_id="agent-r2", now=1_100)
     writer.cancel_queued("r2", 1_101)
     assert heard(eavesdropper) == []
-    with psycopg.connect(libpq(migrated), autocommit=True) as other:
-        assert other.execute("SELECT pg_try_advisory_lock(%s)", [LISTENING_KEY]).fetchone() == (True,)
+    with psycopg.connect(libpq_url(migrated), autocommit=True) as other:
+        assert lock_is_free(other)
 
 
 def test_while_a_plane_listens_every_ringing_commit_notifies_and_the_listener_counts_it(
@@ -129,12 +125,12 @@ def test_a_listener_counts_its_listen_only_once_every_writer_holding_the_admissi
     found nobody listening could commit after the waiter's next look, and its ring would be lost."""
     waiter = AdmissionPlane(migrated, policy=TWO_SEATS, **KEYS)
     try:
-        with psycopg.connect(libpq(migrated)) as holder:  # a transaction open until the block ends
+        with psycopg.connect(libpq_url(migrated)) as holder:  # a transaction open until the block ends
             holder.execute("SELECT pg_advisory_xact_lock_shared(%s)", [ADVISORY_LOCK_KEY])
             doorbell = waiter._ctx.doorbell
             assert isinstance(doorbell, ListeningDoorbell)
             doorbell.interest()
-            with psycopg.connect(libpq(migrated), autocommit=True) as other:  # writers from now on send
+            with psycopg.connect(libpq_url(migrated), autocommit=True) as other:  # writers from now on send
                 wait_for(lambda: not lock_is_free(other), "the listener never took the listeners' lock")
             assert doorbell.wait_ready(QUIET_S) is None, "ready while a writer that may not have sent was in flight"
             holder.commit()
@@ -184,7 +180,7 @@ def test_a_listener_killed_at_any_step_leaves_no_registration_behind(
     nothing: its registration was the session's own lock, gone with it."""
     root = Path(__file__).resolve().parents[3]
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    dsn = libpq(migrated)
+    dsn = libpq_url(migrated)
     with psycopg.connect(dsn) as gate_holder, psycopg.connect(dsn, autocommit=True) as other:
         process = subprocess.Popen(
             [sys.executable, "-c", CRASHING_LISTENER, migrated, step],
@@ -232,7 +228,7 @@ def test_a_commit_that_fails_after_taking_the_listeners_lock_gives_it_back(
     enqueue(writer, "r1", agent_id="agent-r1", now=1_000)
     with pytest.raises(AdmissionError):
         writer.admit_next(1_001, writer.owner_identity.owner_instance_id)
-    with psycopg.connect(libpq(migrated), autocommit=True) as other:
-        assert other.execute("SELECT pg_try_advisory_lock(%s)", [LISTENING_KEY]).fetchone() == (True,)
+    with psycopg.connect(libpq_url(migrated), autocommit=True) as other:
+        assert lock_is_free(other)
     monkeypatch.undo()
     assert admit(writer, 1_002).request_id == "r1"  # the failed admission changed nothing

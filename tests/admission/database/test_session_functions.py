@@ -22,12 +22,11 @@ from typing import Any
 import psycopg
 import pytest
 from admission_index import actual_index, assert_index_consistent, expected_index, index_differences
-from dbutil import execute, scalar, table_dump, table_names
+from dbutil import execute, libpq_url, scalar, table_dump, table_names
 from hypothesis import HealthCheck, Phase, event, example, given, settings
 from hypothesis import strategies as st
 from planes import CONTENT_KEY, ENCRYPTION_KEY, activate
 from sqlalchemy import Engine, column, func, select, table
-from sqlalchemy.engine import make_url
 from sqlalchemy.event import listen
 
 from admission_plane import AdmissionError, AdmissionPlane, AdmittedLease, Lane, LiveTurnCompletion, Policy
@@ -182,7 +181,7 @@ def test_a_connection_that_cannot_create_the_functions_is_marked_without_them_an
     WARNING or above, creates nothing and gives the connection back usable as it got it; on a writable connection
     it records True and both functions exist."""
     caplog.set_level(logging.DEBUG)
-    conninfo = make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    conninfo = libpq_url(database_url)
     with psycopg.connect(conninfo) as connection:
         _read_only(connection, None)
         record = types.SimpleNamespace(info={})
@@ -202,7 +201,7 @@ def test_a_connection_that_cannot_create_the_functions_is_marked_without_them_an
 def test_a_connection_already_in_a_transaction_is_marked_without_them_and_left_as_it_was(database_url: str) -> None:
     """install() on a connection another connect listener left inside a transaction does not raise: it records
     False, creates nothing and leaves that transaction open and autocommit off, for its owner to end."""
-    conninfo = make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    conninfo = libpq_url(database_url)
     with psycopg.connect(conninfo) as connection:
         connection.execute("SELECT 1")  # a transaction is now open
         record = types.SimpleNamespace(info={})
