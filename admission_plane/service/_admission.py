@@ -29,12 +29,13 @@ from ..store.statements.admission import (
 from ..store.statements.queue import SELECT_ENTRY
 from ..store.statements.requests import SELECT_REQUEST_STATUS
 from ..store.tx import Returned, Tx
-from ..store.unit_of_work import Gate
+from ..store.unit_of_work import Gate, SentUnitRefused
 from ..values import AdmittedLease
 from . import _budgets, _policy
 from ._context import PlaneContext
 from ._enqueue import record_admitting_owner
 from ._selection import (
+    RANK_HORIZON,
     Choice,
     Facts,
     KeyBlock,
@@ -102,11 +103,45 @@ class _SentLease:
         return AdmittedLease(self.lease_id, self.request_id, int(row[0]), self.owner_instance_id)
 
 
+def blind_applies(ctx: PlaneContext, owner_instance_id: str, parallel: bool) -> dict[str, object] | None:
+    """The parameters of an admission sent whole with its commit (``SENT_BLIND_ADMIT``: it reads nothing first,
+    one round trip), or ``None`` when the server could not decide it: the policy this plane last read
+    (``PlaneContext.policy_seen``, which the server checks) sets a keyed or session limit, a budget or a start
+    interval, or this plane's connector identity is still to be recorded (:func:`record_admitting_owner` reads)."""
+    revision, policy = ctx.policy_seen
+    if policy.min_start_interval_ms or not limits_of(policy).simple:
+        return None
+    if not ctx.owner_recorded and owner_instance_id == ctx.owner_identity.owner_instance_id:
+        return None
+    return {
+        "revision": revision,
+        "default_seats": ctx.policy.max_active_turns,
+        "max_starts": policy.max_concurrent_starts,
+        "parallel": parallel,
+        "horizon": RANK_HORIZON,
+    }
+
+
 def _admit(
-    ctx: PlaneContext, now: int, owner_instance_id: str, only: str | None, parallel: bool
+    ctx: PlaneContext,
+    now: int,
+    owner_instance_id: str,
+    only: str | None,
+    parallel: bool,
+    *,
+    long_way: bool = True,
+    whole: bool = True,
 ) -> AdmittedLease | None:
     """One admission unit: :func:`admit_in_transaction`, its reservation sent with its commit where it can be
-    (PostgreSQL with the session functions; ``PlaneContext.run_sent``)."""
+    (PostgreSQL with the session functions; ``PlaneContext.run_sent``).
+
+    For one request under a simple policy (:func:`blind_applies`) the unit reads nothing: the server decides and
+    reserves in the commit's round trip, so the admission gate is held for the server's work alone, never across
+    a round trip or the connector's own CPU. If the server refuses (the rule does not admit the request now, or
+    the case is not one it decides), nothing was committed: the admission takes the long way (reading first),
+    unless ``long_way`` is false (a waiter's first attempt, which then looks without the gate). Without ``whole``
+    the admission takes the long way at once (the server has just refused it).
+    """
 
     def sent(tx: Tx) -> AdmittedLease | _SentLease | None:
         return admit_in_transaction(ctx, tx, now, owner_instance_id, only, parallel=parallel, sent=True)
@@ -114,7 +149,27 @@ def _admit(
     def work(tx: Tx) -> AdmittedLease | _SentLease | None:
         return admit_in_transaction(ctx, tx, now, owner_instance_id, only, parallel=parallel)
 
-    admitted = ctx.run_sent(sent, work, gate=Gate.ADMISSION)
+    blind = None if only is None or not whole else blind_applies(ctx, owner_instance_id, parallel)
+    if blind is not None and only is not None:
+        request_id = only
+
+        def sent_blind(tx: Tx) -> AdmittedLease | _SentLease | None:
+            if not tx.functions:
+                return work(tx)
+            lease_id = str(uuid.uuid4())
+            returned = admit_sent(
+                ctx, tx, lease_id, request_id, owner_instance_id, EventKind.REQUEST_ADMITTED, now, blind=blind
+            )
+            return _SentLease(lease_id, request_id, owner_instance_id, returned)
+
+        try:
+            admitted = ctx.run(sent_blind, gate=Gate.ADMISSION)
+        except SentUnitRefused:
+            if not long_way:
+                return None
+            admitted = ctx.run_sent(sent, work, gate=Gate.ADMISSION)
+    else:
+        admitted = ctx.run_sent(sent, work, gate=Gate.ADMISSION)
     return admitted.lease() if isinstance(admitted, _SentLease) else admitted
 
 
@@ -149,11 +204,11 @@ def admit_request(
     v.identifier(owner_instance_id, "admission owner instance ID")
     v.timestamp(now, "admission timestamp")
 
-    def attempt() -> AdmittedLease | None:
-        return _admit(ctx, now, owner_instance_id, request_id, parallel)
+    def attempt(long_way: bool = True, whole: bool = True) -> AdmittedLease | None:
+        return _admit(ctx, now, owner_instance_id, request_id, parallel, long_way=long_way, whole=whole)
 
     if direct:
-        lease = attempt()
+        lease = attempt(long_way=False)  # if the server refused it, the look below says what to do
         if lease is not None:
             return lease, None
     # A read-only look first: with nothing to time out and ``request_id`` not the one the
@@ -163,7 +218,7 @@ def admit_request(
     wake = ctx.run(lambda tx: look(ctx, tx, request_id, now, plan_wait, parallel=parallel), read_only=True)
     if not isinstance(wake, Verdict):
         return None, wake
-    lease = attempt()
+    lease = attempt(whole=not direct)  # a first attempt not admitted: the long way, which times requests out
     # Lost a race (or something timed out meanwhile): look again after one short step.
     return lease, None if lease is not None else Wake(at=now)
 

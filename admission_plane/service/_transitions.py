@@ -39,6 +39,7 @@ from ..store.statements.transitions import (
     INSERT_LEASE,
     RESERVE_REQUEST,
     SENT_ADMIT,
+    SENT_BLIND_ADMIT,
     SET_LEASE_PHASE,
     SET_REQUEST_STATE,
     combined_edge,
@@ -195,14 +196,26 @@ def admit_at_once(
 
 
 def admit_sent(
-    ctx: PlaneContext, tx: Tx, lease_id: str, request_id: str, owner_instance_id: str, event: EventKind, now: int
+    ctx: PlaneContext,
+    tx: Tx,
+    lease_id: str,
+    request_id: str,
+    owner_instance_id: str,
+    event: EventKind,
+    now: int,
+    *,
+    blind: Mapping[str, object] | None = None,
 ) -> Returned:
     """PostgreSQL with the session functions: :func:`admit_at_once` sent with the unit's commit (``SENT_ADMIT``),
     one round trip fewer inside the admission's lock. The new lease's generation is read after the commit
     (its :class:`~admission_plane.store.tx.Returned` row); a request no longer queued refuses the commit on the
-    server (:class:`~admission_plane.store.unit_of_work.SentUnitRefused`), and nothing is committed."""
+    server (:class:`~admission_plane.store.unit_of_work.SentUnitRefused`), and nothing is committed.
+
+    With ``blind`` (the parameters of ``SENT_BLIND_ADMIT``: what the caller assumed of the policy) the unit has
+    read nothing: the server also decides whether the rule admits the request now, and refuses the commit if not.
+    """
     move, params = _admission(lease_id, request_id, owner_instance_id, event, now)
-    returned = tx.send_returning(SENT_ADMIT, params)
+    returned = tx.send_returning(SENT_ADMIT if blind is None else SENT_BLIND_ADMIT, {**params, **(blind or {})})
     _finish(ctx, tx, request_id, move, now)
     return returned
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..states import SEAT_PHASES, START_WINDOW_PHASES, DrainState, RequestState
+
 __all__ = ["FENCE_REFUSED", "FUNCTIONS_KEY", "INSTALL", "REQUEST_DIVERGED", "SENT_REFUSED", "install"]
 
 _IDLE = 0  # libpq's PQTRANS_IDLE
@@ -159,6 +161,80 @@ _EXPECT_SENT = (
     "\nEND\n$fn$"
 )
 
+
+def _in(values: frozenset[str]) -> str:
+    return "(" + ", ".join(f"'{value}'" for value in sorted(values)) + ")"
+
+
+#: The seat-holding leases (``SEAT_PHASES``) with their requests, and those inside the start window.
+_SEATS = (
+    "FROM leases l JOIN turn_requests r ON r.request_id = l.request_id"
+    f" WHERE l.phase IN {_in(frozenset(map(str, SEAT_PHASES)))}"
+)
+_STARTING = f"l.phase IN {_in(frozenset(map(str, START_WINDOW_PHASES)))}"
+_COOLING = "c.provider = {0}.provider AND c.model = {0}.model AND c.not_before > p_now"
+_KEY_PAUSED = "p.lane = '' AND p.provider <> '' AND p.provider = {0}.provider AND p.model = {0}.model"
+#: Whether a waiter's request may take a seat now, decided on the server under the admission gate, for an
+#: admission sent whole with its commit (``store.statements.transitions.SENT_BLIND_ADMIT``, chosen by
+#: :func:`admission_plane.service._admission.blind_applies`). It is the rule's answer for the case the rule
+#: decides from the idle agents ahead alone (:func:`admission_plane.service._selection.rank_among_idle` and
+#: ``parallel_choice``), and ``false`` for every other case, which the caller then takes the long way:
+#:
+#: * the durable policy is the revision the caller assumed (``p_revision``; its limits are simple: no keyed or
+#:   session limit, no budget, no start interval, which the caller checked), and nothing is draining;
+#: * no queued request is past its deadline (the long way times them out first);
+#: * the request is in the admission index (queued, with its payload), and the index holds its lane only;
+#: * nothing is paused for everything, its lane or its key, its key is not cooling down, its agent holds no seat;
+#: * the agents holding no seat whose head, in an open key of the lane, is before the request: fewer than
+#:   ``p_horizon`` rows of them, its own agent not among them, and free seats and start slots for each of them
+#:   and for it (``p_parallel``: a waiter, admitted beside them); without ``p_parallel``, none of them (the rule's
+#:   own choice).
+#:
+#: What it reads is bounded as the rule's walk is: the keys of one lane, and per key at most ``p_horizon`` agent
+#: heads past the ones holding seats. ``tests/admission/database/test_blind_admission.py`` holds it to the rule.
+_BLIND_ADMISSIBLE = (
+    "CREATE OR REPLACE FUNCTION pg_temp.admission_plane_blind_admissible(p_request text, p_now bigint, "
+    "p_revision bigint, p_default_seats bigint, p_max_starts bigint, p_parallel boolean, p_horizon bigint) "
+    "RETURNS boolean LANGUAGE plpgsql AS $fn$\nDECLARE"
+    "\n  x queue_entries; v_revision bigint; v_drain text; v_limit bigint; v_seats bigint; v_starts bigint;"
+    "\n  v_seated text[]; v_rows bigint; v_agents bigint; v_mine boolean;\nBEGIN"
+    "\n  SELECT revision, drain_state, max_active_turns INTO v_revision, v_drain, v_limit FROM policy_state LIMIT 1;"
+    "\n  IF NOT FOUND THEN"
+    "\n    IF p_revision <> 0 THEN RETURN false; END IF;"
+    "\n    v_limit := p_default_seats;"
+    f"\n  ELSIF v_revision IS DISTINCT FROM p_revision OR v_drain IS DISTINCT FROM '{DrainState.STEADY}' THEN"
+    "\n    RETURN false;"
+    "\n  END IF;"
+    f"\n  IF EXISTS (SELECT 1 FROM turn_requests WHERE state = '{RequestState.QUEUED}' AND deadline_at <= p_now)"
+    " THEN RETURN false; END IF;"
+    "\n  SELECT * INTO x FROM queue_entries WHERE request_id = p_request;"
+    "\n  IF NOT FOUND THEN RETURN false; END IF;"
+    "\n  IF EXISTS (SELECT 1 FROM queue_keys k WHERE k.lane <> x.lane) THEN RETURN false; END IF;"
+    "\n  IF EXISTS (SELECT 1 FROM admission_pauses p WHERE p.lane = x.lane OR (p.lane = '' AND p.provider = '')"
+    f" OR ({_KEY_PAUSED.format('x')})) THEN RETURN false; END IF;"
+    f"\n  IF EXISTS (SELECT 1 FROM cooldowns c WHERE {_COOLING.format('x')}) THEN RETURN false; END IF;"
+    f"\n  SELECT count(*), count(*) FILTER (WHERE {_STARTING}), coalesce(array_agg(r.agent_id), '{{}}')"
+    f"\n    INTO v_seats, v_starts, v_seated {_SEATS};"
+    "\n  IF x.agent_id = ANY(v_seated) OR NOT (least(v_limit - v_seats, p_max_starts - v_starts) >= 1) THEN"
+    "\n    RETURN false;"
+    "\n  END IF;"
+    "\n  SELECT count(*), count(DISTINCT a.agent_id), coalesce(bool_or(a.agent_id = x.agent_id), false)"
+    "\n    INTO v_rows, v_agents, v_mine"
+    "\n    FROM (SELECT ahead.agent_id FROM queue_keys k CROSS JOIN LATERAL ("
+    "\n      SELECT qa.agent_id FROM queue_agents qa"
+    "\n        WHERE qa.lane = k.lane AND qa.provider = k.provider AND qa.model = k.model"
+    "\n          AND (qa.head_enqueued_at, qa.head_request_id) < (x.enqueued_at, x.request_id)"
+    "\n          AND qa.agent_id <> ALL(v_seated)"
+    "\n        ORDER BY qa.head_enqueued_at, qa.head_request_id LIMIT p_horizon) ahead"
+    "\n      WHERE k.lane = x.lane AND (k.head_enqueued_at, k.head_request_id) < (x.enqueued_at, x.request_id)"
+    f"\n        AND NOT EXISTS (SELECT 1 FROM cooldowns c WHERE {_COOLING.format('k')})"
+    f"\n        AND NOT EXISTS (SELECT 1 FROM admission_pauses p WHERE {_KEY_PAUSED.format('k')})"
+    "\n      LIMIT p_horizon) a;"
+    "\n  RETURN v_rows < p_horizon AND NOT v_mine AND (p_parallel OR v_agents = 0)"
+    "\n    AND least(v_limit - v_seats, p_max_starts - v_starts) >= v_agents + 1;"
+    "\nEND\n$fn$"
+)
+
 #: Every statement of the plane is prepared on the server once per connection (``prepare_threshold=0``),
 #: and its tables are small and keyed: a generic plan serves each execution as well as a fresh one.
 #: PostgreSQL would plan each of the first executions again, and keeps doing so when it estimates a
@@ -171,7 +247,7 @@ _EXPECT_SENT = (
 #: benchmarks on PostgreSQL unchanged (median ratio 1.03 over 92 cases, no case slower on a re-run).
 GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan; SET enable_bitmapscan = off"
 #: The text that creates the functions on a connection (one round trip, the simple query protocol).
-INSTALL = f"{_ADD}; {_REMOVE}; {_EXPECT_EDGE}; {_EXPECT_SENT}"
+INSTALL = f"{_ADD}; {_REMOVE}; {_EXPECT_EDGE}; {_EXPECT_SENT}; {_BLIND_ADMISSIBLE}"
 
 
 def install(dbapi_connection: Any, record: Any) -> None:

@@ -8,7 +8,6 @@ emptied before each test. Tests that change the schema itself use
 
 from __future__ import annotations
 
-import functools
 import shutil
 import sqlite3
 from collections.abc import Callable, Iterator
@@ -17,14 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dbutil import execute, query, scalar, table_names
+from dbutil import execute, reset_postgres, reset_statements, scalar
 from planes import CONTENT_KEY, CONTRACT_POLICY, ENCRYPTION_KEY, ONE_SEAT
-from sqlalchemy.exc import OperationalError
 
 from admission_plane import AdmissionPlane
+from admission_plane.service._context import PlaneContext
+from admission_plane.store.unit_of_work import SentUnitRefused
 
-#: Tables whose rows are the migration's own, kept by the per-test reset.
-MIGRATION_TABLES = frozenset({"schema_migrations", "alembic_version"})
 DIALECTS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
 #: Everything of the schema a test could change by mistake: columns, constraints, indexes, triggers.
 SCHEMA_FINGERPRINT = """
@@ -78,40 +76,12 @@ def postgres_database(postgres_session_url: str) -> tuple[str, str]:
     return postgres_session_url, scalar(postgres_session_url, SCHEMA_FINGERPRINT)
 
 
-@functools.cache
-def _reset_statements(url: str) -> tuple[str, ...]:
-    sequences = query(url, "SELECT sequencename FROM pg_sequences WHERE schemaname = current_schema()")
-    return (
-        *(f'DELETE FROM "{name}"' for name in table_names(url) if name not in MIGRATION_TABLES),
-        *(f'ALTER SEQUENCE "{name}" RESTART' for (name,) in sequences),
-    )
-
-
-def reset_postgres(url: str) -> None:
-    """Empty every admission table of ``url`` and restart its sequences, keeping the migration's rows.
-
-    ``DELETE`` with foreign keys off, not ``TRUNCATE``: on these few rows it takes ~5 ms where
-    ``TRUNCATE ... RESTART IDENTITY CASCADE`` takes 60-250 ms (new relation files, fsync).
-    A connection a previous test leaked can hold a lock; after a short wait it is terminated.
-    """
-    statements = ("SET LOCAL lock_timeout = '2s'", *_reset_statements(url))
-    try:
-        execute(url, *statements, foreign_keys=False)
-    except OperationalError:
-        query(
-            url,
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()",
-        )
-        execute(url, *statements, foreign_keys=False)
-
-
 def rebuild_postgres(url: str) -> None:
     """Drop everything in the schema of ``url`` and migrate it again (after a test changed the schema)."""
     from admission_plane.migrate import upgrade
 
     execute(url, "DROP SCHEMA public CASCADE", "CREATE SCHEMA public")
-    _reset_statements.cache_clear()
+    reset_statements.cache_clear()
     upgrade(url)
 
 
@@ -159,3 +129,20 @@ def plane(make_plane: Callable[..., AdmissionPlane]) -> AdmissionPlane:
 def one_seat(make_plane: Callable[..., AdmissionPlane]) -> AdmissionPlane:
     """A plane with one seat, one start and no start interval, and both keys."""
     return make_plane(policy=ONE_SEAT)
+
+
+@pytest.fixture
+def fallbacks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """How many units the server refused, each of which ``PlaneContext.run_sent`` runs again the long way."""
+    ran: list[str] = []
+    original = PlaneContext.run
+
+    def counted(self: PlaneContext, work: Callable[..., Any], **options: Any) -> Any:
+        try:
+            return original(self, work, **options)
+        except SentUnitRefused:
+            ran.append("long way")
+            raise
+
+    monkeypatch.setattr(PlaneContext, "run", counted)
+    return ran

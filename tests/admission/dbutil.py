@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 
 TableDump = dict[str, list[tuple[Any, ...]]]
 Params = tuple[Any, ...]
@@ -205,6 +206,7 @@ def cases_with_sqlite_only(names: Iterable[str], sqlite_only: Mapping[str, str])
 
 
 __all__ = [
+    "MIGRATION_TABLES",
     "cases_with_sqlite_only",
     "clear_journal_fault",
     "columns",
@@ -218,7 +220,42 @@ __all__ = [
     "pg_engine",
     "query",
     "request_state",
+    "reset_postgres",
+    "reset_statements",
     "scalar",
     "table_dump",
     "table_names",
 ]
+
+
+#: Tables whose rows are the migration's own, kept by the per-test reset.
+MIGRATION_TABLES = frozenset({"schema_migrations", "alembic_version"})
+
+
+@cache
+def reset_statements(url: str) -> tuple[str, ...]:
+    """What empties the admission tables of ``url`` and restarts its sequences (:func:`reset_postgres`)."""
+    sequences = query(url, "SELECT sequencename FROM pg_sequences WHERE schemaname = current_schema()")
+    return (
+        *(f'DELETE FROM "{name}"' for name in table_names(url) if name not in MIGRATION_TABLES),
+        *(f'ALTER SEQUENCE "{name}" RESTART' for (name,) in sequences),
+    )
+
+
+def reset_postgres(url: str) -> None:
+    """Empty every admission table of ``url`` and restart its sequences, keeping the migration's rows.
+
+    ``DELETE`` with foreign keys off, not ``TRUNCATE``: on these few rows it takes ~5 ms where
+    ``TRUNCATE ... RESTART IDENTITY CASCADE`` takes 60-250 ms (new relation files, fsync).
+    A connection a previous test leaked can hold a lock; after a short wait it is terminated.
+    """
+    statements = ("SET LOCAL lock_timeout = '2s'", *reset_statements(url))
+    try:
+        execute(url, *statements, foreign_keys=False)
+    except OperationalError:
+        query(
+            url,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        execute(url, *statements, foreign_keys=False)

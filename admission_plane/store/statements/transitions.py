@@ -10,7 +10,21 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import BigInteger, Text, and_, cast, delete, exists, func, insert, literal, select, true, update
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Text,
+    and_,
+    cast,
+    delete,
+    exists,
+    func,
+    insert,
+    literal,
+    select,
+    true,
+    update,
+)
 
 from ...states import DrainState, LeaseEffect
 from ..model import BudgetCharge, Lease, LeaseProcessIdentity, TurnPayload, TurnRequest
@@ -38,34 +52,43 @@ INSERT_LEASE = Statement(
         heartbeat_at=P("now"),
     )
 )
+
+
+def _reservation(*guard: Any) -> tuple[Any, Any]:
+    """The request reserved (``queued`` -> ``admitted``, its next generation; only where ``guard`` holds too) and
+    its new lease, as data-modifying CTEs."""
+    reserved = (
+        update(R)
+        .where(R.request_id == P("request_id"), R.state == P("source"), *guard)
+        .values(state=P("target"), lease_generation=R.lease_generation + 1)
+        .returning(R.request_id, R.lease_generation)
+        .cte("reserved")
+    )
+    new_lease = (
+        insert(L)
+        .from_select(
+            ["lease_id", "request_id", "generation", "owner_instance_id", "phase", "acquired_at", "heartbeat_at"],
+            select(
+                cast(P("lease_id"), Text),
+                reserved.c.request_id,
+                reserved.c.lease_generation,
+                cast(P("owner_instance_id"), Text),
+                cast(P("target"), Text),
+                cast(P("now"), BigInteger),
+                cast(P("now"), BigInteger),
+            ),
+        )
+        .returning(L.lease_id)
+        .cte("new_lease")
+    )
+    return reserved, new_lease
+
+
+_reserved, _new_lease = _reservation()
 #: PostgreSQL, a connection holding the session functions: ``RESERVE_REQUEST`` with the next
 #: generation, ``INSERT_LEASE`` and the admission index's removal (``QUEUE_REMOVE``) as one
 #: statement, inside the admission's lock. Its row: the new generation and the leases inserted
 #: (no row: the request is no longer queued, and nothing changed).
-_reserved = (
-    update(R)
-    .where(R.request_id == P("request_id"), R.state == P("source"))
-    .values(state=P("target"), lease_generation=R.lease_generation + 1)
-    .returning(R.request_id, R.lease_generation)
-    .cte("reserved")
-)
-_new_lease = (
-    insert(L)
-    .from_select(
-        ["lease_id", "request_id", "generation", "owner_instance_id", "phase", "acquired_at", "heartbeat_at"],
-        select(
-            cast(P("lease_id"), Text),
-            _reserved.c.request_id,
-            _reserved.c.lease_generation,
-            cast(P("owner_instance_id"), Text),
-            cast(P("target"), Text),
-            cast(P("now"), BigInteger),
-            cast(P("now"), BigInteger),
-        ),
-    )
-    .returning(L.lease_id)
-    .cte("new_lease")
-)
 ADMIT_REQUEST = Statement(
     select(
         _reserved.c.lease_generation,
@@ -74,19 +97,43 @@ ADMIT_REQUEST = Statement(
     ).select_from(_reserved),
     only="postgresql",
 )
+_one = select(literal(1).label("one")).subquery("one")
+
+
+def _sent_admit(reserved: Any, new_lease: Any) -> Statement:
+    return Statement(
+        select(
+            reserved.c.lease_generation,
+            func.pg_temp.admission_plane_queue_remove(reserved.c.request_id).label("dequeued"),
+            func.pg_temp.admission_plane_expect_sent(
+                select(func.count()).select_from(new_lease).scalar_subquery() == 1
+            ).label("checked"),
+        ).select_from(_one.outerjoin(reserved, true())),
+        only="postgresql",
+    )
+
+
 #: ``ADMIT_REQUEST`` for an admission that sends its reservation with its commit and reads the new generation
 #: after it (``Tx.send_returning``): one row whatever happened, whose check raises ``SENT_REFUSED`` (so nothing
 #: commits) unless the request was reserved and its lease inserted. The row: the new generation.
-_one = select(literal(1).label("one")).subquery("one")
-SENT_ADMIT = Statement(
-    select(
-        _reserved.c.lease_generation,
-        func.pg_temp.admission_plane_queue_remove(_reserved.c.request_id).label("dequeued"),
-        func.pg_temp.admission_plane_expect_sent(
-            select(func.count()).select_from(_new_lease).scalar_subquery() == 1
-        ).label("checked"),
-    ).select_from(_one.outerjoin(_reserved, true())),
-    only="postgresql",
+SENT_ADMIT = _sent_admit(*_reservation())
+#: ``SENT_ADMIT`` for an admission that read nothing first (a waiter's, sent whole with its commit): the request
+#: is reserved only where the server finds that the rule admits it now
+#: (``pg_temp.admission_plane_blind_admissible``, :mod:`admission_plane.store.session_functions`), else the
+#: check refuses the commit. Parameters beyond ``SENT_ADMIT``'s: ``revision``, ``default_seats``, ``max_starts``,
+#: ``parallel`` and ``horizon`` (what the caller assumed of the policy, and how it asks).
+SENT_BLIND_ADMIT = _sent_admit(
+    *_reservation(
+        func.pg_temp.admission_plane_blind_admissible(
+            R.request_id,
+            cast(P("now"), BigInteger),
+            cast(P("revision"), BigInteger),
+            cast(P("default_seats"), BigInteger),
+            cast(P("max_starts"), BigInteger),
+            cast(P("parallel"), Boolean),
+            cast(P("horizon"), BigInteger),
+        )
+    )
 )
 #: A queued request leaves the queue without a lease (cancelled, timed out, owner gone).
 END_QUEUED_REQUEST = Statement(

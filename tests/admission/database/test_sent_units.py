@@ -32,29 +32,11 @@ from admission_plane import (
     Policy,
     UnknownLeaseError,
 )
-from admission_plane.service._context import PlaneContext
 from admission_plane.store.tx import Returned, Scalar, Statement, Tx
-from admission_plane.store.unit_of_work import Gate, SentUnitRefused, run
+from admission_plane.store.unit_of_work import Gate, run
 
 ROOMY = Policy(8, 8, 0, 1_800_000, 30_000)
 COMPLETED = LiveTurnCompletion("completed")
-
-
-@pytest.fixture
-def fallbacks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """How many units the server refused, each of which ``PlaneContext.run_sent`` runs again the long way."""
-    ran: list[str] = []
-    original = PlaneContext.run
-
-    def counted(self: PlaneContext, work: Callable[..., Any], **options: Any) -> Any:
-        try:
-            return original(self, work, **options)
-        except SentUnitRefused:
-            ran.append("long way")
-            raise
-
-    monkeypatch.setattr(PlaneContext, "run", counted)
-    return ran
 
 
 def refused_sent(database_url: str) -> int:

@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 import pytest
 from admission_index import actual_index, assert_index_consistent, expected_index, index_differences
-from dbutil import execute, libpq_url, scalar, table_dump, table_names
+from dbutil import MIGRATION_TABLES, execute, libpq_url, scalar, table_dump, table_names
 from hypothesis import HealthCheck, Phase, event, example, given, settings
 from hypothesis import strategies as st
 from planes import CONTENT_KEY, ENCRYPTION_KEY, activate
@@ -49,6 +49,7 @@ STATEMENTS: dict[str, Any] = {"connect_args": {"prepare_threshold": None}}
 POLICY = Policy(3, 3, 0, 5_000, 30_000, lanes=(Lane("default", 2), Lane("batch")))
 KEYS: dict[str, Any] = {"encryption_key": ENCRYPTION_KEY, "content_fingerprint_key": CONTENT_KEY}
 FUNCTIONS = [
+    "admission_plane_blind_admissible",
     "admission_plane_expect_edge",
     "admission_plane_expect_sent",
     "admission_plane_queue_add",
@@ -281,8 +282,6 @@ PLACES = (
     ("batch", "provider-1", "model-1", "agent-a", "session-1"),
     ("batch", "provider-2", "model-1", "agent-b", "session-2"),
 )
-#: Kept by the per-example reset (the migration's own rows).
-MIGRATION_TABLES = frozenset({"schema_migrations", "alembic_version"})
 
 
 @dataclass(frozen=True)
