@@ -6,6 +6,16 @@ admit the rule's choice (:mod:`admission_plane.service._selection`: lanes, fair 
 keyed and per-session limits, cooldowns and pauses). The admission transaction applies
 it; a waiter's *look* reads the same facts without the write lock and says what could
 change the answer (:class:`Wake`).
+
+PostgreSQL, under a simple policy (no keyed or session limit, no budget, no start interval): an
+admission of one request reads nothing first. Its unit is sent whole with its commit, and the server
+decides it under the admission gate (``pg_temp.admission_plane_blind_admissible``, in
+:mod:`admission_plane.store.session_functions`), exactly as :func:`admit_in_transaction` would for the
+cases the rule decides from the idle agents ahead alone; it refuses every other case, and the admission
+then takes the long way (:func:`_admit`). Why the server's answer is the rule's: the function's docstring
+lists what it requires and what it counts, each the condition of :func:`parallel_choice` and
+:func:`~admission_plane.service._selection.rank_among_idle` it stands for, and
+``tests/admission/database/test_blind_admission.py`` compares both on random states.
 """
 
 from __future__ import annotations

@@ -78,8 +78,9 @@ Why this is enough to serialise admission:
   the server (``prepare_threshold=0``, :mod:`.engine`). psycopg's own implicit ``BEGIN`` and
   the pool's pre-ping would each cost a round trip per unit. (psycopg's pipeline mode, tried
   too, loses the server's reason when it ends the connection, and was no faster.) A unit that
-  reads nothing (a lease unit sent whole, :class:`SentUnitRefused`) sends its opening with its
-  commit: one round trip.
+  reads nothing (a lease unit sent whole, :class:`SentUnitRefused`; a waiter's admission the server
+  decides, :func:`admission_plane.service._admission.blind_applies`) sends its opening with its
+  commit: one round trip, and an admission's gate is then held for the server's work only.
   Read-only units take no lock and no transaction (autocommit; each READ COMMITTED
   statement has its own snapshot anyway), unless they ask for the gate:
   :func:`admission_plane.service._journal.read_page` takes both gates exclusively
