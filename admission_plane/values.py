@@ -98,10 +98,13 @@ class AdmittedLease:
 
 @attrs.frozen
 class EnqueueResult:
-    """Whether the request was new (``existed=False``) or an idempotent replay."""
+    """Whether the request was new (``existed=False``) or an idempotent replay; and, for an enqueue asked to admit
+    its request too (``enqueue_with_payload(admit_as=...)``), the lease when it was admitted in the same
+    transaction (``None``: not admitted yet, or not asked)."""
 
     request_id: str
     existed: bool
+    admitted: AdmittedLease | None = None
 
 
 @attrs.frozen

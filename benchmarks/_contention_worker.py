@@ -1,7 +1,9 @@
 """One connector process of the contention benchmark (``python -m benchmarks._contention_worker``).
 
 It opens the plane, prints ``ready``, waits for ``go`` on standard input, then for a
-fixed time enqueues its own request, waits for it with ``wait_for_admission`` (polling
+fixed time enqueues its own request (admitted in the same transaction where it can, as the
+turn API does: ``admit_as``; not with ``--enqueue-only``), waits for it with
+``wait_for_admission`` when it was not (polling
 with back-off from ``--poll-ms`` to ``--max-poll-ms``, default 4 ms), and
 drives it to completion, again and again. After the deadline it finishes the turn in
 flight (so no seat stays held) and prints one JSON line: its turns within the window, all
@@ -153,6 +155,7 @@ class Connector:
         self.index, self.hold_s, self.poll_s = args.index, args.hold_ms / 1000, args.poll_ms / 1000
         self.max_poll_ms = max(args.max_poll_ms, args.poll_ms)
         self.owner = self.plane.owner_identity.owner_instance_id
+        self.admit_with_enqueue = not args.enqueue_only
         self.child = capture(os.getpid())
         self.errors: Counter[str] = Counter()
         self.turns = 0
@@ -178,7 +181,7 @@ class Connector:
         plane = self.plane
         self.turns += 1
         request_id = f"p{self.index}-{self.turns}-{time.monotonic_ns()}"
-        self._retry(
+        enqueued = self._retry(
             lambda: plane.enqueue_with_payload(
                 request_id=request_id,
                 session_id=f"session-{self.index}",
@@ -189,9 +192,10 @@ class Connector:
                 now=_wall_ms(),
                 plaintext=f"prompt {request_id}",
                 expires_at=_wall_ms() + 1_800_001,
+                admit_as=self.owner if self.admit_with_enqueue else None,  # as the turn API does
             )
         )
-        lease = self._retry(
+        lease = enqueued.admitted or self._retry(
             lambda: plane.wait_for_admission(
                 request_id,
                 self.owner,
@@ -274,6 +278,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-poll-ms", type=float, default=4, help="the back-off ceiling")
     parser.add_argument("--policy", required=True, help="JSON list: the five policy integers")
     parser.add_argument("--hosts", type=int, default=0, help="simulated hosts (0: this machine's host id)")
+    parser.add_argument(
+        "--enqueue-only",
+        action="store_true",
+        help="enqueue without admit_as (the turn API admits with the enqueue where it can; this measures without)",
+    )
     args = parser.parse_args(argv)
     GATE.install()
     connector = Connector(args)

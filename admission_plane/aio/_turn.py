@@ -135,7 +135,8 @@ class AsyncTurn(TurnDecisions):
             raise AdmissionStateError("a turn can be entered only once")
         try:
             await self._enqueue()
-            await self._wait_for_admission()
+            if self.lease is None:
+                await self._wait_for_admission()
             self._start_heartbeat()
             await self._start()
             await self._dispatch()
@@ -170,21 +171,28 @@ class AsyncTurn(TurnDecisions):
         expires_at = payload_expiry(self.plane.policy.queue_timeout_ms, now, self._payload_grace_ms)
 
         def enqueue() -> None:
-            self.plane.enqueue_with_payload(**self._metadata, now=now, plaintext=prompt, expires_at=expires_at)
+            owner = self.plane.owner_identity.owner_instance_id
+            result = self.plane.enqueue_with_payload(
+                **self._metadata, now=now, plaintext=prompt, expires_at=expires_at, admit_as=owner
+            )
             self.enqueued_at = now  # in the worker thread: a cancellation meanwhile still sees the stage
             self._stage = _Stage.QUEUED
+            if result.admitted is not None:  # admitted with its enqueue: adopted here, as a wait's lease is
+                self._adopt(result.admitted)
 
         await self.aplane.call(enqueue)
         await self._report("enqueued")
+        if self.lease is not None:
+            await self._report(S.ADMITTED)
+
+    def _adopt(self, lease: AdmittedLease) -> None:
+        self.lease, self.admitted_at = lease, self._clock()
+        self._stage = _Stage.LEASED
 
     async def _wait_for_admission(self) -> None:
         async def on_wait(now: int) -> None:
             self.snapshot = await self._call(self.plane.get_queue_snapshot, self.request_id, now)
             await self._report(S.QUEUED)
-
-        def adopt(lease: AdmittedLease) -> None:
-            self.lease, self.admitted_at = lease, self._clock()
-            self._stage = _Stage.LEASED
 
         lease = await self.aplane._wait(
             self.request_id,
@@ -194,7 +202,7 @@ class AsyncTurn(TurnDecisions):
             max_delay_ms=self._backoff.max_ms,
             sleep=self._sleep,
             on_wait=on_wait,
-            adopt=adopt,
+            adopt=self._adopt,
         )
         if lease is None:
             stored = await self._call(self.plane.get_request, self.request_id)

@@ -98,7 +98,7 @@ class Verdict(enum.Enum):
 
 
 @attrs.frozen
-class _SentLease:
+class SentLease:
     """An admission whose reservation its commit carried: the lease, once that commit has returned its generation."""
 
     lease_id: str
@@ -153,24 +153,24 @@ def _admit(
     the admission takes the long way at once (the server has just refused it).
     """
 
-    def sent(tx: Tx) -> AdmittedLease | _SentLease | None:
+    def sent(tx: Tx) -> AdmittedLease | SentLease | None:
         return admit_in_transaction(ctx, tx, now, owner_instance_id, only, parallel=parallel, sent=True)
 
-    def work(tx: Tx) -> AdmittedLease | _SentLease | None:
+    def work(tx: Tx) -> AdmittedLease | SentLease | None:
         return admit_in_transaction(ctx, tx, now, owner_instance_id, only, parallel=parallel)
 
     blind = None if only is None or not whole else blind_applies(ctx, owner_instance_id, parallel)
     if blind is not None and only is not None:
         request_id = only
 
-        def sent_blind(tx: Tx) -> AdmittedLease | _SentLease | None:
+        def sent_blind(tx: Tx) -> AdmittedLease | SentLease | None:
             if not tx.functions:
                 return work(tx)
             lease_id = str(uuid.uuid4())
             returned = admit_sent(
                 ctx, tx, lease_id, request_id, owner_instance_id, EventKind.REQUEST_ADMITTED, now, blind=blind
             )
-            return _SentLease(lease_id, request_id, owner_instance_id, returned)
+            return SentLease(lease_id, request_id, owner_instance_id, returned)
 
         try:
             admitted = ctx.run(sent_blind, gate=Gate.ADMISSION)
@@ -180,7 +180,7 @@ def _admit(
             admitted = ctx.run_sent(sent, work, gate=Gate.ADMISSION)
     else:
         admitted = ctx.run_sent(sent, work, gate=Gate.ADMISSION)
-    return admitted.lease() if isinstance(admitted, _SentLease) else admitted
+    return admitted.lease() if isinstance(admitted, SentLease) else admitted
 
 
 def admit_next(ctx: PlaneContext, now: int, owner_instance_id: str) -> AdmittedLease | None:
@@ -242,7 +242,7 @@ def admit_in_transaction(
     *,
     parallel: bool = False,
     sent: bool = False,
-) -> AdmittedLease | _SentLease | None:
+) -> AdmittedLease | SentLease | None:
     """Time out expired requests, then admit the rule's choice (only if it is ``only_request_id``, when given).
 
     With ``parallel`` (a waiter's attempt), ``only_request_id`` is admitted also when it is not the
@@ -287,7 +287,7 @@ def admit_in_transaction(
         _budgets.reserve(ctx, facts.book, request_id, *choice.key, now)
     record_admitting_owner(ctx, tx, owner_instance_id, now)
     if returned is not None:
-        return _SentLease(lease_id, request_id, owner_instance_id, returned)
+        return SentLease(lease_id, request_id, owner_instance_id, returned)
     return AdmittedLease(lease_id, request_id, generation, owner_instance_id)
 
 

@@ -213,18 +213,28 @@ class AdmissionService(RecoveryOperations):
         owner_identity: ConnectorIdentity | None = None,
         lane: str | None = None,
         estimated_tokens: int | None = None,
+        admit_as: str | None = None,
     ) -> EnqueueResult:
         """Queue a request and its sealed prompt atomically (``lane`` and ``estimated_tokens`` as for :meth:`enqueue`).
 
         The same request with the same prompt is idempotent; with a different prompt it
         raises :class:`~admission_plane.errors.PayloadConflictError` and changes nothing.
+
+        ``admit_as`` (an owner instance ID, usually ``owner_identity.owner_instance_id``): a new request is
+        also admitted under it in the same transaction when :meth:`wait_for_admission` would admit it at once,
+        and ``result.admitted`` holds the lease (one commit for both, instead of two); when it is ``None``, wait
+        with :meth:`wait_for_admission` as usual. On PostgreSQL this is tried only under a policy with no keyed
+        or session limit, budget or start interval (the server decides it, see the README's "Several
+        machines"); otherwise the request is only enqueued. The turn API passes it.
         """
         _payloads.check_expiry(now, expires_at)
         meta = _enqueue.metadata(
             request_id, session_id, agent_id, fingerprint, provider, model, now, lane, estimated_tokens
         )
+        if admit_as is not None:
+            v.identifier(admit_as, "admission owner instance ID")
         connector = _enqueue.owner(self._ctx, owner_identity)
-        return _payloads.enqueue_with_payload(self._ctx, meta, connector, now, plaintext, expires_at)
+        return _payloads.enqueue_with_payload(self._ctx, meta, connector, now, plaintext, expires_at, admit_as)
 
     def persist_payload(self, request_id: str, plaintext: str, now: int, expires_at: int) -> None:
         """Attach a sealed prompt to a queued request (idempotent for the same prompt)."""

@@ -6,7 +6,7 @@ from .. import _validate as v
 from ..errors import AdmissionStateError, InvalidInputError
 from ..states import EVENT_STATES, RECOVERY_ROW_EVENT_ID, RETAINED, UNTRUSTED, EventKind, is_allowed_transition
 from ..store.rows import EventRow
-from ..store.statements.journal import INSERT_EVENT, SELECT_EVENTS
+from ..store.statements.journal import INSERT_EVENT, INSERT_EVENT_IF_LEASE, SELECT_EVENTS
 from ..store.tx import Tx
 from ..store.unit_of_work import Gate
 from ..values import SanitizedEvent
@@ -18,15 +18,30 @@ MAX_PAGE = 1000
 MAX_UNTRUSTED_ROWS = 1000
 
 
-def record(ctx: PlaneContext, tx: Tx, kind: str, request_id: str, from_state: str, to_state: str, now: int) -> None:
-    """Append ``kind(from_state -> to_state)`` for ``request_id`` (stored as its correlation HMAC only)."""
+def record(
+    ctx: PlaneContext,
+    tx: Tx,
+    kind: str,
+    request_id: str,
+    from_state: str,
+    to_state: str,
+    now: int,
+    *,
+    if_lease: str | None = None,
+) -> None:
+    """Append ``kind(from_state -> to_state)`` for ``request_id`` (stored as its correlation HMAC only); with
+    ``if_lease``, only if that lease exists when the transaction commits (an admission the server may not make)."""
     v.identifier(request_id, "event correlation input")
     v.timestamp(now, "event timestamp")
     if not is_allowed_transition(kind, from_state, to_state):
         raise AdmissionStateError("admission event transition is not allowlisted")
     params = {"kind": str(kind), "from_state": str(from_state), "to_state": str(to_state), "now": now}
     # Nothing reads it back in the transaction: on PostgreSQL it travels with the commit (``Tx.defer``).
-    tx.defer(INSERT_EVENT, {**params, "correlation_hmac": ctx.keys.correlation(request_id)})
+    params["correlation_hmac"] = ctx.keys.correlation(request_id)
+    if if_lease is None:
+        tx.defer(INSERT_EVENT, params)
+    else:
+        tx.defer(INSERT_EVENT_IF_LEASE, {**params, "lease_id": if_lease})
 
 
 def record_untrusted_rows(ctx: PlaneContext, count: int, now: int) -> None:

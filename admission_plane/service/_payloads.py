@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import uuid
+
+import attrs
+
 from .. import _validate as v
 from ..crypto import InvalidTag, SealedPayload, content_fingerprint, open_sealed, seal
 from ..errors import (
@@ -12,6 +16,7 @@ from ..errors import (
     PayloadIntegrityError,
 )
 from ..evidence import ConnectorIdentity
+from ..states import EventKind
 from ..store.rows import EntryRow, PayloadRow
 from ..store.statements.requests import (
     INSERT_PAYLOAD,
@@ -21,10 +26,13 @@ from ..store.statements.requests import (
 )
 from ..store.statements.transitions import DELETE_PAYLOAD
 from ..store.tx import Tx
+from ..store.unit_of_work import Gate
 from ..values import EnqueueResult
 from . import _queue_index
+from ._admission import SentLease, admit_in_transaction, blind_applies
 from ._context import PlaneContext
 from ._enqueue import ENQUEUE_GATE, Metadata, bind_owner, insert_request, require_queued, send_request
+from ._transitions import admit_sent
 
 
 def check_expiry(now: int, expires_at: int) -> None:
@@ -40,9 +48,21 @@ def enqueue_with_payload(
     now: int,
     plaintext: str,
     expires_at: int,
+    admit_as: str | None = None,
 ) -> EnqueueResult:
-    """Queue a request and its sealed prompt atomically (idempotent for the same prompt)."""
+    """Queue a request and its sealed prompt atomically (idempotent for the same prompt).
+
+    With ``admit_as`` (an owner instance ID), a new request is also admitted in the same transaction when the rule
+    admits it now, as a waiter's first attempt would (:func:`~admission_plane.service._admission.admit_request`
+    with ``parallel``): one commit instead of two. SQLite admits it the long way inside the enqueue's write lock;
+    PostgreSQL, where the enqueue is sent whole, sends the admission with it under the admission gate and the
+    server decides it (``SENT_BLIND_TRY``: the enqueue commits whether or not it admits), under a policy the server
+    decides (:func:`~admission_plane.service._admission.blind_applies`); otherwise it only enqueues.
+    """
     fingerprint_hex, sealed = _seal(ctx, meta.request_id, plaintext)
+    postgres = ctx.engine.dialect.name == "postgresql"
+    blind = None if admit_as is None or not postgres else blind_applies(ctx, admit_as, True)
+    admit_long = admit_as if not postgres or blind is not None else None  # under a gate that admits
 
     def work(tx: Tx) -> EnqueueResult:
         result, lane = insert_request(ctx, tx, meta, now)
@@ -51,7 +71,11 @@ def enqueue_with_payload(
             bind_owner(ctx, tx, meta.request_id, connector, now, False, created=True)
             entry = EntryRow(lane, meta.provider, meta.model, meta.agent_id, meta.session_id, now)
             _insert(tx, meta.request_id, sealed, fingerprint_hex, expires_at, now, entry)
-            return result
+            if admit_long is None:
+                return result
+            admitted = admit_in_transaction(ctx, tx, now, admit_long, meta.request_id, parallel=True)
+            assert not isinstance(admitted, SentLease), "sent=False"
+            return attrs.evolve(result, admitted=admitted)
         status = require_queued(tx, meta.request_id)
         bind_owner(ctx, tx, meta.request_id, connector, now, True, status)
         if _stored_already(tx, meta.request_id, fingerprint_hex):
@@ -59,15 +83,36 @@ def enqueue_with_payload(
         _insert(tx, meta.request_id, sealed, fingerprint_hex, expires_at, now)
         return result
 
-    def sent(tx: Tx) -> EnqueueResult:
+    def sent(tx: Tx) -> EnqueueResult | _Tried:
         lane = send_request(ctx, tx, meta, connector, now)  # PostgreSQL: everything with the commit
         if lane is None:
             return work(tx)
         entry = EntryRow(lane, meta.provider, meta.model, meta.agent_id, meta.session_id, now)
         _insert(tx, meta.request_id, sealed, fingerprint_hex, expires_at, now, entry)
-        return EnqueueResult(meta.request_id, False)
+        if blind is None or admit_as is None:
+            return EnqueueResult(meta.request_id, False)
+        lease_id = str(uuid.uuid4())
+        returned = admit_sent(
+            ctx, tx, lease_id, meta.request_id, admit_as, EventKind.REQUEST_ADMITTED, now, blind=blind, must=False
+        )
+        return _Tried(EnqueueResult(meta.request_id, False), SentLease(lease_id, meta.request_id, admit_as, returned))
 
-    return ctx.run_sent(sent, work, gate=ENQUEUE_GATE)
+    result = ctx.run_sent(sent, work, gate=ENQUEUE_GATE if admit_long is None else Gate.ADMISSION)
+    if isinstance(result, _Tried):
+        row = result.lease.generation.row
+        admitted = None if row is None or row[0] is None else result.lease.lease()
+        result = attrs.evolve(result.enqueued, admitted=admitted)
+    if admit_long is not None:  # tried: whether the connector's next wait should try at once (``queue_busy``)
+        ctx.queue_busy = result.admitted is None
+    return result
+
+
+@attrs.frozen
+class _Tried:
+    """An enqueue sent whole with its request's admission: the enqueue, and the lease if the server admitted it."""
+
+    enqueued: EnqueueResult
+    lease: SentLease
 
 
 def persist(ctx: PlaneContext, request_id: str, plaintext: str, now: int, expires_at: int) -> None:

@@ -40,6 +40,7 @@ from ..store.statements.transitions import (
     RESERVE_REQUEST,
     SENT_ADMIT,
     SENT_BLIND_ADMIT,
+    SENT_BLIND_TRY,
     SET_LEASE_PHASE,
     SET_REQUEST_STATE,
     combined_edge,
@@ -205,6 +206,7 @@ def admit_sent(
     now: int,
     *,
     blind: Mapping[str, object] | None = None,
+    must: bool = True,
 ) -> Returned:
     """PostgreSQL with the session functions: :func:`admit_at_once` sent with the unit's commit (``SENT_ADMIT``),
     one round trip fewer inside the admission's lock. The new lease's generation is read after the commit
@@ -212,11 +214,16 @@ def admit_sent(
     server (:class:`~admission_plane.store.unit_of_work.SentUnitRefused`), and nothing is committed.
 
     With ``blind`` (the parameters of ``SENT_BLIND_ADMIT``: what the caller assumed of the policy) the unit has
-    read nothing: the server also decides whether the rule admits the request now, and refuses the commit if not.
+    read nothing: the server also decides whether the rule admits the request now, and refuses the commit if not;
+    without ``must`` it does not refuse (the unit commits its other writes either way): the row's generation is
+    then ``None`` when the request was not admitted, and nothing of the admission was written but its ring.
     """
     move, params = _admission(lease_id, request_id, owner_instance_id, event, now)
-    returned = tx.send_returning(SENT_ADMIT if blind is None else SENT_BLIND_ADMIT, {**params, **(blind or {})})
-    _finish(ctx, tx, request_id, move, now)
+    if blind is None:
+        returned = tx.send_returning(SENT_ADMIT, params)
+    else:
+        returned = tx.send_returning(SENT_BLIND_ADMIT if must else SENT_BLIND_TRY, {**params, **blind})
+    _finish(ctx, tx, request_id, move, now, if_lease=None if must else lease_id)
     return returned
 
 
@@ -384,13 +391,21 @@ def _complete_drain(ctx: PlaneContext, tx: Tx, drain: DrainCompletion, move: Tra
 
 
 def _finish(
-    ctx: PlaneContext, tx: Tx, request_id: str, move: Transition, now: int, *, payload_deleted: bool = False
+    ctx: PlaneContext,
+    tx: Tx,
+    request_id: str,
+    move: Transition,
+    now: int,
+    *,
+    payload_deleted: bool = False,
+    if_lease: str | None = None,
 ) -> None:
-    """What every request edge ends with: the payload rule, the doorbell and the journal."""
+    """What every request edge ends with: the payload rule, the doorbell and the journal (``if_lease``: an
+    admission the server may not make, journalled only if its lease exists; its ring is then a spare look)."""
     if move.target in PAYLOAD_DELETED_STATES and not payload_deleted:
         tx.send(DELETE_PAYLOAD, {"request_id": request_id})
     tx.ring(_bells(move))
-    _journal.record(ctx, tx, move.event, request_id, move.source, move.target, now)
+    _journal.record(ctx, tx, move.event, request_id, move.source, move.target, now, if_lease=if_lease)
 
 
 def _bells(move: Transition) -> int:

@@ -151,7 +151,8 @@ class Turn(TurnDecisions):
             raise AdmissionStateError("a turn can be entered only once")
         try:
             self._enqueue()
-            self._wait_for_admission()
+            if self.lease is None:
+                self._wait_for_admission()
             self._start_heartbeat()
             self._start()
             self._dispatch()
@@ -180,15 +181,18 @@ class Turn(TurnDecisions):
         now = self._clock()
         prompt, self._prompt = self._prompt, None
         assert prompt is not None
-        self.plane.enqueue_with_payload(
+        result = self.plane.enqueue_with_payload(
             **self._metadata,
             now=now,
             plaintext=prompt,
             expires_at=payload_expiry(self.plane.policy.queue_timeout_ms, now, self._payload_grace_ms),
+            admit_as=self.plane.owner_identity.owner_instance_id,
         )
         self.enqueued_at = now
         self._stage = _Stage.QUEUED
         self._report("enqueued")
+        if result.admitted is not None:  # admitted with its enqueue: no wait
+            self._admitted(result.admitted)
 
     def _wait_for_admission(self) -> None:
         def on_wait(now: int) -> None:
@@ -210,6 +214,9 @@ class Turn(TurnDecisions):
                 state = "absent" if stored is None else str(stored.state)
                 raise TurnNotAdmittedError(f"the request left the queue without being admitted here ({state})")
             raise TurnNotAdmittedError("timed out waiting for admission")
+        self._admitted(lease)
+
+    def _admitted(self, lease: AdmittedLease) -> None:
         self.lease, self.admitted_at = lease, self._clock()
         self._stage = _Stage.LEASED
         self._report(S.ADMITTED)

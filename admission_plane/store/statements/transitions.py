@@ -122,18 +122,28 @@ SENT_ADMIT = _sent_admit(*_reservation())
 #: (``pg_temp.admission_plane_blind_admissible``, :mod:`admission_plane.store.session_functions`), else the
 #: check refuses the commit. Parameters beyond ``SENT_ADMIT``'s: ``revision``, ``default_seats``, ``max_starts``,
 #: ``parallel`` and ``horizon`` (what the caller assumed of the policy, and how it asks).
-SENT_BLIND_ADMIT = _sent_admit(
-    *_reservation(
-        func.pg_temp.admission_plane_blind_admissible(
-            R.request_id,
-            cast(P("now"), BigInteger),
-            cast(P("revision"), BigInteger),
-            cast(P("default_seats"), BigInteger),
-            cast(P("max_starts"), BigInteger),
-            cast(P("parallel"), Boolean),
-            cast(P("horizon"), BigInteger),
-        )
-    )
+_blind_guard = func.pg_temp.admission_plane_blind_admissible(
+    R.request_id,
+    cast(P("now"), BigInteger),
+    cast(P("revision"), BigInteger),
+    cast(P("default_seats"), BigInteger),
+    cast(P("max_starts"), BigInteger),
+    cast(P("parallel"), Boolean),
+    cast(P("horizon"), BigInteger),
+)
+SENT_BLIND_ADMIT = _sent_admit(*_reservation(_blind_guard))
+_tried, _tried_lease = _reservation(_blind_guard)
+#: ``SENT_BLIND_ADMIT`` for a unit that commits whether or not the request is admitted (an enqueue that tries
+#: its request's admission with it): no check. Its row: the new generation, ``NULL`` when not admitted (and
+#: nothing of the admission was written; its journal event is inserted only if the lease exists,
+#: ``INSERT_EVENT_IF_LEASE``).
+SENT_BLIND_TRY = Statement(
+    select(
+        _tried.c.lease_generation,
+        func.pg_temp.admission_plane_queue_remove(_tried.c.request_id).label("dequeued"),
+        select(func.count()).select_from(_tried_lease).scalar_subquery().label("leases"),
+    ).select_from(_one.outerjoin(_tried, true())),
+    only="postgresql",
 )
 #: A queued request leaves the queue without a lease (cancelled, timed out, owner gone).
 END_QUEUED_REQUEST = Statement(

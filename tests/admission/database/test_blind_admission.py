@@ -17,12 +17,22 @@ from typing import Any
 
 import psycopg
 import pytest
-from dbutil import is_postgres, libpq_url, query, reset_postgres, scalar
+from admission_index import assert_index_consistent
+from dbutil import event_kinds, is_postgres, libpq_url, query, reset_postgres, scalar, table_dump
 from hypothesis import HealthCheck, Phase, event, example, given, settings
 from hypothesis import strategies as st
 from planes import PlaneFactory, activate, enqueue
 
-from admission_plane import AdmissionPlane, AdmittedLease, KeyLimit, Lane, LiveTurnCompletion, Policy, RequestState
+from admission_plane import (
+    AdmissionPlane,
+    AdmittedLease,
+    InvalidInputError,
+    KeyLimit,
+    Lane,
+    LiveTurnCompletion,
+    Policy,
+    RequestState,
+)
 from admission_plane.service._admission import _admit, admit_in_transaction
 from admission_plane.service._selection import RANK_HORIZON
 from admission_plane.store.unit_of_work import Gate
@@ -438,3 +448,103 @@ def test_a_policy_the_server_does_not_decide_is_never_sent_whole(
     assert plane.admit_request("r", 2_001, plane.owner_identity.owner_instance_id) is not None
     assert len(statements) == 3, statements
     assert fallbacks == []
+
+
+# --- an enqueue that admits its request too (``admit_as``) ----------------------------------------------------------
+
+
+def enqueue_admitting(plane: AdmissionPlane, request_id: str, agent_id: str, now: int, **overrides: Any) -> Any:
+    """``enqueue_with_payload`` asked to admit the request under the plane's own owner instance."""
+    return enqueue(plane, request_id, agent_id, now, admit_as=plane.owner_identity.owner_instance_id, **overrides)
+
+
+def request_events(database_url: str) -> list[tuple[str, str, str]]:
+    """The journal's request edges, in sequence order (the first turns' included)."""
+    return [event for event in event_kinds(database_url) if event[0].startswith("request_")]
+
+
+def test_an_enqueue_asked_to_admit_does_both_in_one_commit(
+    make_plane: PlaneFactory, database_url: str, statements: list[str]
+) -> None:
+    """With a free seat, ``enqueue_with_payload(admit_as=...)`` queues and admits the request in one transaction
+    (on PostgreSQL in one round trip, the admission decided by the server): the lease it returns is the committed
+    one, the journal holds the enqueue and then the admission, and the request left the admission index."""
+    plane = make_plane(policy=ROOMY)
+    first_turn(plane)
+    warm = enqueue_admitting(plane, "warm", "agent-0", 1_500).admitted  # its statements prepared after its commit
+    assert warm is not None
+    plane.abandon_before_prompt(warm, 1_501, "cancelled")
+    before = len(request_events(database_url))
+    statements.clear()
+    result = enqueue_admitting(plane, "r", "agent-1", 2_000)
+    if is_postgres(database_url):
+        assert len(statements) == 1, "\n\n".join(statements)
+    assert not result.existed
+    lease = result.admitted
+    assert lease is not None
+    assert lease.request_id == "r"
+    assert lease.owner_instance_id == plane.owner_identity.owner_instance_id
+    assert state(plane, "r") == RequestState.ADMITTED
+    assert query(database_url, "SELECT lease_id, generation FROM leases WHERE request_id = 'r'") == [
+        (lease.lease_id, lease.generation)
+    ]
+    assert request_events(database_url)[before:] == [
+        ("request_enqueued", "absent", "queued"),
+        ("request_admitted", "queued", "admitted"),
+    ]
+    assert_index_consistent(database_url)
+    plane.mark_starting(lease, 2_001)  # the lease is the plane's to drive
+
+
+def test_an_enqueue_the_rule_does_not_admit_is_only_enqueued(make_plane: PlaneFactory, database_url: str) -> None:
+    """With the one seat held, the enqueue asked to admit queues the request and admits nothing: no lease, no
+    admission in the journal, the request in the admission index; once the seat is freed a wait admits it. A
+    replay of the enqueue is answered as a replay and admits nothing either."""
+    plane = make_plane(policy=Policy(1, 1, 0, 1_800_000, 30_000), clock=lambda: 2_010)
+    first_turn(plane)
+    enqueue(plane, "held", "agent-0", 2_000)
+    held = plane.admit_request("held", 2_000, plane.owner_identity.owner_instance_id)
+    assert held is not None
+    before = len(request_events(database_url))
+    result = enqueue_admitting(plane, "r", "agent-1", 2_001)
+    assert result.admitted is None
+    assert state(plane, "r") == RequestState.QUEUED
+    assert query(database_url, "SELECT count(*) FROM leases WHERE request_id = 'r'") == [(0,)]
+    assert request_events(database_url)[before:] == [("request_enqueued", "absent", "queued")]
+    assert_index_consistent(database_url)
+    replay = enqueue_admitting(plane, "r", "agent-1", 2_001)
+    assert replay.existed
+    assert replay.admitted is None
+    plane.abandon_before_prompt(held, 2_002, "cancelled")
+    lease = plane.wait_for_admission("r", plane.owner_identity.owner_instance_id, timeout_ms=1_000)
+    assert lease is not None
+    assert_index_consistent(database_url)
+
+
+def test_an_enqueue_under_a_policy_the_server_does_not_decide_admits_only_on_sqlite(
+    make_plane: PlaneFactory, database_url: str
+) -> None:
+    """Under a keyed limit, SQLite admits the request inside the enqueue's write lock (the long way), while
+    PostgreSQL only enqueues it (its enqueue runs beside others; the admission gate is for the admission): the
+    waiter then admits it as before."""
+    policy = Policy(4, 4, 0, 1_800_000, 30_000, key_limits=(KeyLimit("antigravity", "model-test", 2),))
+    plane = make_plane(policy=policy, clock=lambda: 2_001)
+    first_turn(plane)
+    result = enqueue_admitting(plane, "r", "agent-1", 2_000)
+    if is_postgres(database_url):
+        assert result.admitted is None
+        assert state(plane, "r") == RequestState.QUEUED
+        assert plane.wait_for_admission("r", plane.owner_identity.owner_instance_id, timeout_ms=1_000) is not None
+    else:
+        assert result.admitted is not None
+    assert state(plane, "r") == RequestState.ADMITTED
+
+
+def test_a_bad_admit_as_is_refused_and_changes_nothing(make_plane: PlaneFactory, database_url: str) -> None:
+    """``admit_as`` must be an identifier: anything else raises ``InvalidInputError`` before anything is written."""
+    plane = make_plane(policy=ROOMY)
+    before = table_dump(database_url)
+    for bad in ("", " spaced ", "x" * 1_000, 42):
+        with pytest.raises(InvalidInputError):
+            enqueue(plane, "r", "agent-1", 2_000, admit_as=bad)
+    assert table_dump(database_url) == before
