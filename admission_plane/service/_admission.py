@@ -107,9 +107,16 @@ class SentLease:
     generation: Returned
 
     def lease(self) -> AdmittedLease:
-        row = self.generation.row
-        if row is None or row[0] is None:  # the server's check refuses the commit first
+        lease = self.lease_if_admitted()
+        if lease is None:  # the server's check refuses the commit first
             raise AdmissionRuntimeError("an admission committed without its lease's generation")
+        return lease
+
+    def lease_if_admitted(self) -> AdmittedLease | None:
+        """The lease, or ``None`` when the server admitted nothing (an admission tried without a check)."""
+        row = self.generation.row
+        if row is None or row[0] is None:
+            return None
         return AdmittedLease(self.lease_id, self.request_id, int(row[0]), self.owner_instance_id)
 
 
@@ -173,13 +180,14 @@ def _admit(
             return SentLease(lease_id, request_id, owner_instance_id, returned)
 
         try:
-            admitted = ctx.run(sent_blind, gate=Gate.ADMISSION)
+            return _leased(ctx.run(sent_blind, gate=Gate.ADMISSION))
         except SentUnitRefused:
             if not long_way:
                 return None
-            admitted = ctx.run_sent(sent, work, gate=Gate.ADMISSION)
-    else:
-        admitted = ctx.run_sent(sent, work, gate=Gate.ADMISSION)
+    return _leased(ctx.run_sent(sent, work, gate=Gate.ADMISSION))
+
+
+def _leased(admitted: AdmittedLease | SentLease | None) -> AdmittedLease | None:
     return admitted.lease() if isinstance(admitted, SentLease) else admitted
 
 

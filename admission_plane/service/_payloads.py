@@ -99,9 +99,7 @@ def enqueue_with_payload(
 
     result = ctx.run_sent(sent, work, gate=ENQUEUE_GATE if admit_long is None else Gate.ADMISSION)
     if isinstance(result, _Tried):
-        row = result.lease.generation.row
-        admitted = None if row is None or row[0] is None else result.lease.lease()
-        result = attrs.evolve(result.enqueued, admitted=admitted)
+        result = attrs.evolve(result.enqueued, admitted=result.lease.lease_if_admitted())
     if admit_long is not None:  # tried: whether the connector's next wait should try at once (``queue_busy``)
         ctx.queue_busy = result.admitted is None
     return result

@@ -146,3 +146,19 @@ def fallbacks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(PlaneContext, "run", counted)
     return ran
+
+
+@pytest.fixture
+def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every statement sent through psycopg's ``Cursor.execute`` (a round trip each), in order."""
+    import psycopg
+
+    sent: list[str] = []
+    execute = psycopg.Cursor.execute
+
+    def counted(self: Any, query: Any, params: Any = None, **options: Any) -> Any:
+        sent.append(str(query))
+        return execute(self, query, params, **options)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counted)
+    return sent

@@ -207,6 +207,7 @@ def cases_with_sqlite_only(names: Iterable[str], sqlite_only: Mapping[str, str])
 
 __all__ = [
     "MIGRATION_TABLES",
+    "POSTGRES_ONLY",
     "cases_with_sqlite_only",
     "clear_journal_fault",
     "columns",
@@ -259,3 +260,9 @@ def reset_postgres(url: str) -> None:
             "WHERE datname = current_database() AND pid <> pg_backend_pid()",
         )
         execute(url, *statements, foreign_keys=False)
+
+
+#: A test of the shared, migrated PostgreSQL database only (no SQLite variant).
+POSTGRES_ONLY = pytest.mark.parametrize(
+    "database_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
+)

@@ -100,14 +100,21 @@ ADMIT_REQUEST = Statement(
 _one = select(literal(1).label("one")).subquery("one")
 
 
-def _sent_admit(reserved: Any, new_lease: Any) -> Statement:
+def _sent_admit(reserved: Any, new_lease: Any, *, checked: bool = True) -> Statement:
+    """The reservation sent with its commit: one row whatever happened (``_one``), the new generation in it;
+    ``checked``: the server refuses the commit (``SENT_REFUSED``) unless the request was reserved and its lease
+    inserted; else the row also counts the leases inserted (the unit commits either way)."""
+    inserted = select(func.count()).select_from(new_lease).scalar_subquery()
+    last = (
+        func.pg_temp.admission_plane_expect_sent(inserted == 1).label("checked")
+        if checked
+        else inserted.label("leases")
+    )
     return Statement(
         select(
             reserved.c.lease_generation,
             func.pg_temp.admission_plane_queue_remove(reserved.c.request_id).label("dequeued"),
-            func.pg_temp.admission_plane_expect_sent(
-                select(func.count()).select_from(new_lease).scalar_subquery() == 1
-            ).label("checked"),
+            last,
         ).select_from(_one.outerjoin(reserved, true())),
         only="postgresql",
     )
@@ -117,11 +124,6 @@ def _sent_admit(reserved: Any, new_lease: Any) -> Statement:
 #: after it (``Tx.send_returning``): one row whatever happened, whose check raises ``SENT_REFUSED`` (so nothing
 #: commits) unless the request was reserved and its lease inserted. The row: the new generation.
 SENT_ADMIT = _sent_admit(*_reservation())
-#: ``SENT_ADMIT`` for an admission that read nothing first (a waiter's, sent whole with its commit): the request
-#: is reserved only where the server finds that the rule admits it now
-#: (``pg_temp.admission_plane_blind_admissible``, :mod:`admission_plane.store.session_functions`), else the
-#: check refuses the commit. Parameters beyond ``SENT_ADMIT``'s: ``revision``, ``default_seats``, ``max_starts``,
-#: ``parallel`` and ``horizon`` (what the caller assumed of the policy, and how it asks).
 _blind_guard = func.pg_temp.admission_plane_blind_admissible(
     R.request_id,
     cast(P("now"), BigInteger),
@@ -131,20 +133,17 @@ _blind_guard = func.pg_temp.admission_plane_blind_admissible(
     cast(P("parallel"), Boolean),
     cast(P("horizon"), BigInteger),
 )
+#: ``SENT_ADMIT`` for an admission that read nothing first (a waiter's, sent whole with its commit): the request
+#: is reserved only where the server finds that the rule admits it now
+#: (``pg_temp.admission_plane_blind_admissible``, :mod:`admission_plane.store.session_functions`), else the
+#: check refuses the commit. Parameters beyond ``SENT_ADMIT``'s: ``revision``, ``default_seats``, ``max_starts``,
+#: ``parallel`` and ``horizon`` (what the caller assumed of the policy, and how it asks).
 SENT_BLIND_ADMIT = _sent_admit(*_reservation(_blind_guard))
-_tried, _tried_lease = _reservation(_blind_guard)
 #: ``SENT_BLIND_ADMIT`` for a unit that commits whether or not the request is admitted (an enqueue that tries
 #: its request's admission with it): no check. Its row: the new generation, ``NULL`` when not admitted (and
 #: nothing of the admission was written; its journal event is inserted only if the lease exists,
 #: ``INSERT_EVENT_IF_LEASE``).
-SENT_BLIND_TRY = Statement(
-    select(
-        _tried.c.lease_generation,
-        func.pg_temp.admission_plane_queue_remove(_tried.c.request_id).label("dequeued"),
-        select(func.count()).select_from(_tried_lease).scalar_subquery().label("leases"),
-    ).select_from(_one.outerjoin(_tried, true())),
-    only="postgresql",
-)
+SENT_BLIND_TRY = _sent_admit(*_reservation(_blind_guard), checked=False)
 #: A queued request leaves the queue without a lease (cancelled, timed out, owner gone).
 END_QUEUED_REQUEST = Statement(
     update(R)

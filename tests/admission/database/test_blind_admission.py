@@ -18,10 +18,10 @@ from typing import Any
 import psycopg
 import pytest
 from admission_index import assert_index_consistent
-from dbutil import event_kinds, is_postgres, libpq_url, query, reset_postgres, scalar, table_dump
+from dbutil import POSTGRES_ONLY, event_kinds, is_postgres, libpq_url, query, reset_postgres, scalar, table_dump
 from hypothesis import HealthCheck, Phase, event, example, given, settings
 from hypothesis import strategies as st
-from planes import PlaneFactory, activate, enqueue
+from planes import SEAT_PHASES, PlaneFactory, activate, enqueue
 
 from admission_plane import (
     AdmissionPlane,
@@ -37,27 +37,10 @@ from admission_plane.service._admission import _admit, admit_in_transaction
 from admission_plane.service._selection import RANK_HORIZON
 from admission_plane.store.unit_of_work import Gate
 
-ON_POSTGRES = pytest.mark.parametrize(
-    "database_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
-)
 LANES = (Lane("default"), Lane("batch"))
 AGENTS = ("agent-0", "agent-1", "agent-2", "agent-3")
 MODELS = ("m0", "m1", "m2")
 TIMEOUT_MS = 60_000
-
-
-@pytest.fixture
-def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every statement sent through psycopg's ``Cursor.execute`` (a round trip each), in order."""
-    sent: list[str] = []
-    execute = psycopg.Cursor.execute
-
-    def counted(self: Any, query: Any, params: Any = None, **options: Any) -> Any:
-        sent.append(str(query))
-        return execute(self, query, params, **options)
-
-    monkeypatch.setattr(psycopg.Cursor, "execute", counted)
-    return sent
 
 
 # --- the function against the rule ---------------------------------------------------------------------------------
@@ -198,8 +181,8 @@ def in_scope(database_url: str, request_id: str, now: int) -> bool:
     seated = scalar(
         database_url,
         "SELECT count(*) FROM leases l JOIN turn_requests r ON r.request_id = l.request_id"
-        " WHERE l.phase IN ('admitted', 'starting', 'dispatch_intent', 'dispatch_ambiguous', 'active',"
-        " 'recovery_required') AND r.agent_id = (SELECT agent_id FROM queue_entries WHERE request_id = ?)",
+        f" WHERE l.phase IN ({', '.join(repr(phase) for phase in SEAT_PHASES)})"
+        " AND r.agent_id = (SELECT agent_id FROM queue_entries WHERE request_id = ?)",
         (request_id,),
     )
     return expired == 0 and lanes == 1 and blocking == 0 and seated == 0
@@ -215,7 +198,7 @@ def server(database_url: str) -> Iterator[psycopg.Connection[Any]]:
         yield connection
 
 
-@ON_POSTGRES
+@POSTGRES_ONLY
 @settings(
     max_examples=60,
     deadline=None,
@@ -350,7 +333,7 @@ def first_turn(plane: AdmissionPlane) -> None:
         plane.abandon_before_prompt(lease, 1_001, "cancelled")
 
 
-@ON_POSTGRES
+@POSTGRES_ONLY
 def test_a_waiters_first_attempt_is_one_round_trip(
     make_plane: PlaneFactory, database_url: str, statements: list[str]
 ) -> None:
@@ -434,7 +417,7 @@ def test_a_soft_drain_refuses_the_admission_sent_whole(
     assert plane.admit_request("r", 2_006, plane.owner_identity.owner_instance_id) is not None
 
 
-@ON_POSTGRES
+@POSTGRES_ONLY
 def test_a_policy_the_server_does_not_decide_is_never_sent_whole(
     make_plane: PlaneFactory, statements: list[str], fallbacks: list[str]
 ) -> None:

@@ -258,22 +258,6 @@ def test_a_request_diverged_from_its_locked_lease_refuses_the_move_and_changes_n
 # --- PostgreSQL: round trips per operation -------------------------------------------------------------------------
 
 
-@pytest.fixture
-def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every statement sent through psycopg's ``Cursor.execute`` (a round trip each), in order."""
-    import psycopg
-
-    sent: list[str] = []
-    execute = psycopg.Cursor.execute
-
-    def counted(self: Any, query: Any, params: Any = None, **options: Any) -> Any:
-        sent.append(str(query))
-        return execute(self, query, params, **options)
-
-    monkeypatch.setattr(psycopg.Cursor, "execute", counted)
-    return sent
-
-
 @POSTGRES_ONLY
 def test_a_steady_state_turn_costs_its_documented_round_trips(make_plane: PlaneFactory, statements: list[str]) -> None:
     """On PostgreSQL a steady-state turn (after the connector's first two) is 7 round trips. A unit's first carries

@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 import pytest
 from admission_index import actual_index, assert_index_consistent, expected_index, index_differences
-from dbutil import MIGRATION_TABLES, execute, libpq_url, scalar, table_dump, table_names
+from dbutil import MIGRATION_TABLES, POSTGRES_ONLY, execute, libpq_url, scalar, table_dump, table_names
 from hypothesis import HealthCheck, Phase, event, example, given, settings
 from hypothesis import strategies as st
 from planes import CONTENT_KEY, ENCRYPTION_KEY, activate
@@ -39,10 +39,6 @@ from admission_plane.store.unit_of_work import UnitOfWork
 
 pytestmark = pytest.mark.postgres
 
-#: The shared, migrated PostgreSQL database of the run (emptied before the test), and no SQLite variant.
-ON_POSTGRES = pytest.mark.parametrize(
-    "database_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
-)
 #: Engine options that turn the functions off (a transaction pooler keeps no session state).
 STATEMENTS: dict[str, Any] = {"connect_args": {"prepare_threshold": None}}
 #: Three seats, three starts, a short queue timeout (requests time out between steps) and two lanes.
@@ -106,7 +102,7 @@ def put(plane: AdmissionPlane, request_id: str, now: int, **fields: Any) -> None
 # --- which connections hold them ----------------------------------------------------------------------------------
 
 
-@ON_POSTGRES
+@POSTGRES_ONLY
 def test_a_postgres_plane_holds_the_functions_by_default_and_not_behind_a_pooler(
     open_plane: PlaneOpener, database_url: str
 ) -> None:
@@ -118,7 +114,7 @@ def test_a_postgres_plane_holds_the_functions_by_default_and_not_behind_a_pooler
     assert session_state(pooled.engine) == (False, [], False)
 
 
-@ON_POSTGRES
+@POSTGRES_ONLY
 def test_a_plane_with_the_functions_changes_the_index_with_one_call_per_change(
     open_plane: PlaneOpener, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -174,7 +170,7 @@ def _session_characteristics(dbapi_connection: Any, mode: str) -> None:
         dbapi_connection.autocommit = autocommit
 
 
-@ON_POSTGRES
+@POSTGRES_ONLY
 def test_a_connection_that_cannot_create_the_functions_is_marked_without_them_and_nothing_is_logged(
     database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -198,7 +194,7 @@ def test_a_connection_that_cannot_create_the_functions_is_marked_without_them_an
         assert temp_functions(connection) == FUNCTIONS
 
 
-@ON_POSTGRES
+@POSTGRES_ONLY
 def test_a_connection_already_in_a_transaction_is_marked_without_them_and_left_as_it_was(database_url: str) -> None:
     """install() on a connection another connect listener left inside a transaction does not raise: it records
     False, creates nothing and leaves that transaction open and autocommit off, for its owner to end."""
@@ -214,7 +210,7 @@ def test_a_connection_already_in_a_transaction_is_marked_without_them_and_left_a
         assert temp_functions(connection) == []
 
 
-@ON_POSTGRES
+@POSTGRES_ONLY
 def test_a_plane_connection_plans_its_prepared_statements_generically_and_not_behind_a_pooler(
     open_plane: PlaneOpener, database_url: str
 ) -> None:
@@ -227,7 +223,7 @@ def test_a_plane_connection_plans_its_prepared_statements_generically_and_not_be
             assert uow.tx.scalar(show) == expected
 
 
-@ON_POSTGRES
+@POSTGRES_ONLY
 def test_a_plane_whose_connections_cannot_create_the_functions_admits_and_keeps_the_index(
     open_plane: PlaneOpener, database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -442,7 +438,7 @@ def twins(database_url: str, postgres_url: str) -> Iterator[tuple[Engine, Engine
         engine.dispose()
 
 
-@ON_POSTGRES
+@POSTGRES_ONLY
 @settings(
     max_examples=20,
     deadline=None,
@@ -507,7 +503,7 @@ def _kind(outcome: object) -> str:
     return "none" if outcome is None else "done"
 
 
-@ON_POSTGRES
+@POSTGRES_ONLY
 def test_a_turn_behind_a_pooler_checks_its_moves_on_the_client_and_ends_as_with_the_functions(
     open_plane: PlaneOpener, database_url: str
 ) -> None:
@@ -534,7 +530,7 @@ def test_a_turn_behind_a_pooler_checks_its_moves_on_the_client_and_ends_as_with_
     assert table_dump(database_url) == before
 
 
-@ON_POSTGRES
+@POSTGRES_ONLY
 def test_a_plane_connection_counts_its_churning_leases_without_a_bitmap_scan(
     open_plane: PlaneOpener, database_url: str
 ) -> None:
