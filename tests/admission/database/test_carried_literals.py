@@ -13,14 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from dbutil import pg_engine
+from dbutil import POSTGRES_ONLY, pg_engine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from admission_plane.states import RequestState
 from admission_plane.store.tx import plain_literal
 
-POSTGRES_ONLY = pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 VALUES = st.one_of(
     st.none(),
     st.booleans(),

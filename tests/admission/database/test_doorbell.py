@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dbutil import pg_engine
+from dbutil import POSTGRES_ONLY, pg_engine
 from planes import ONE_SEAT, Clock, admit, enqueue, lease_in_phase
 from sqlalchemy import text
 
@@ -399,10 +399,6 @@ def test_the_start_interval_wait_ends_at_the_interval(
 
 
 # --- PostgreSQL: notifications counted by a listening thread ----------------------------------------------
-
-POSTGRES_ONLY = pytest.mark.parametrize(
-    "database_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
-)
 
 
 def listening(plane: AdmissionPlane) -> Chimes:

@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 import pytest
 from admission_index import assert_index_consistent
-from dbutil import execute, is_postgres, table_dump
+from dbutil import POSTGRES_ONLY, execute, is_postgres, table_dump
 from planes import PlaneFactory, activate, dispatch_record, enqueue
 
 from admission_plane import (
@@ -39,7 +39,6 @@ from admission_plane.store.session_functions import REQUEST_DIVERGED
 from admission_plane.store.statements.admission import FIRST_PAGE_KEYS
 
 ROOMY = Policy(32, 32, 0, 1_800_000, 30_000)
-POSTGRES_ONLY = pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 
 
 def busy(plane: AdmissionPlane, agent: str, model: str, now: int) -> None:

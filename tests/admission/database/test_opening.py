@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from dbutil import execute, query
+from dbutil import POSTGRES_ONLY, execute, query
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import (
@@ -40,9 +40,7 @@ from admission_plane.store.engine import create_admission_engine
 from admission_plane.store.tx import PREPARED_KEY, Statement, Tx
 from admission_plane.store.unit_of_work import Gate, run
 
-pytestmark = pytest.mark.parametrize(
-    "database_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
-)
+pytestmark = POSTGRES_ONLY
 #: Three typed values back, as the unit's first statement: what arrives is what was given.
 ECHO = Statement(
     select(
