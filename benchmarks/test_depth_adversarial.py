@@ -113,11 +113,21 @@ class Shape:
     policy: Policy = attrs.field(factory=_policy)
     #: Active turns held before the queue is built.
     seats: tuple[Spec, ...] = ()
-    #: Cooldowns and pauses, through the plane's API.
-    prepare: Callable[[AdmissionPlane, int], object] = lambda plane, now: None
+    #: Cooldowns and pauses, through the plane's API (the plane, its clock, the depth D).
+    prepare: Callable[[AdmissionPlane, int, int], object] = lambda plane, now, depth: None
     extra: int = EXTRA
     #: Not one of the issue's shapes: the D held back are spread over D groups (agents, keys).
     probe: bool = False
+
+
+def _cool_model(index: int) -> str:
+    return f"m-cool-{index:06d}"
+
+
+def _cool(plane: AdmissionPlane, now: int, depth: int) -> None:
+    """A cooldown on each of the D held-back requests' models, one API call each."""
+    for index in range(depth):
+        plane.set_capacity_cooldown(P, _cool_model(index), FAR, now)
 
 
 _BUSY = tuple(Spec(agent=f"agent-{index}", session=f"s-agent-{index}") for index in range(3))
@@ -139,7 +149,7 @@ SHAPES = {
             Spec(agent="agent-w", session="s-w", model="m-warm"),
             lambda spec: spec.model == "m-warm",
             lambda wake: wake == Wake(at=FAR),
-            prepare=lambda plane, now: plane.set_capacity_cooldown(P, "m-cool", FAR, now),
+            prepare=lambda plane, now, depth: plane.set_capacity_cooldown(P, "m-cool", FAR, now),
         ),
         Shape(
             "busy_agents",
@@ -183,7 +193,7 @@ SHAPES = {
             Spec(agent="agent-o", session="s-o", model="m-open"),
             lambda spec: spec.model == "m-open",
             lambda wake: wake == Wake(),
-            prepare=lambda plane, now: plane.pause(provider=P, model="m-paused", now=now),
+            prepare=lambda plane, now, depth: plane.pause(provider=P, model="m-paused", now=now),
         ),
         Shape(
             "paused_lane",
@@ -192,7 +202,7 @@ SHAPES = {
             lambda spec: spec.lane == "batch",
             lambda wake: wake == Wake(),
             policy=_policy(lanes=(_INTERACTIVE, _BATCH)),
-            prepare=lambda plane, now: plane.pause(lane="interactive", now=now),
+            prepare=lambda plane, now, depth: plane.pause(lane="interactive", now=now),
         ),
         Shape(
             "lower_lane",
@@ -241,6 +251,15 @@ SHAPES = {
             probe=True,
         ),
         Shape(
+            "cooling_keys",
+            lambda index: Spec(agent=f"agent-{index % 16}", session=f"s-{index % 16}", model=_cool_model(index)),
+            Spec(agent="agent-w", session="s-w", model="m-warm"),
+            lambda spec: spec.model == "m-warm",
+            lambda wake: wake == Wake(at=FAR),
+            prepare=lambda plane, now, depth: _cool(plane, now, depth),
+            probe=True,
+        ),
+        Shape(
             "no_payload",
             _agents(16, payload=False),
             Spec(agent="agent-p", session="s-p"),
@@ -256,7 +275,7 @@ SHAPES = {
             lambda spec: spec.model == "m-open",
             _budget_wake,
             policy=_policy(budgets=(Budget(P, "m-spent", WEEK, max_requests=2),)),
-            prepare=lambda plane, now: plane.record_external_usage(P, "m-spent", requests=2, now=now),
+            prepare=lambda plane, now, depth: plane.record_external_usage(P, "m-spent", requests=2, now=now),
         ),
         Shape(
             "budget_tokens_spent",
@@ -265,7 +284,7 @@ SHAPES = {
             lambda spec: spec.model == "m-open",
             _budget_wake,
             policy=_policy(budgets=(Budget(P, "m-spent", WEEK, max_tokens=1_000),)),
-            prepare=lambda plane, now: plane.record_external_usage(P, "m-spent", tokens=1_000, now=now),
+            prepare=lambda plane, now, depth: plane.record_external_usage(P, "m-spent", tokens=1_000, now=now),
         ),
     )
 }
@@ -362,7 +381,7 @@ def _build(target: str, shape: Shape, depth: int) -> tuple[AdmissionPlane, list[
         for index, spec in enumerate(shape.seats):
             _hold_seat(plane, f"held-{index}", spec, start + 10 * index)
         now = start + 10 * len(shape.seats) + 10
-        shape.prepare(plane, now)
+        shape.prepare(plane, now, depth)
         if not shape.seats:  # the queued-owner row the bulk load binds to (``enqueue`` writes it)
             enqueue(plane, Queued("owner-probe", _probe(shape), now))
             plane.cancel_queued("owner-probe", now + 1)
