@@ -47,7 +47,7 @@ import attrs
 
 from ..policy import Policy
 from ..states import START_WINDOW_PHASES
-from ..store.rows import CooldownRow, KeyHeadRow, MemberHeadRow, PauseRow, SeatRow
+from ..store.rows import CooldownRow, EntryRow, KeyHeadRow, MemberHeadRow, PauseRow, SeatRow
 from ..store.statements.admission import AGENT_PAGE_SIZE
 from ..store.statements.leases import LATEST_START
 from ..store.statements.queue import (
@@ -56,6 +56,7 @@ from ..store.statements.queue import (
     INSERT_CREDIT,
     SELECT_ACTIVE_COOLDOWNS,
     SELECT_CREDITS,
+    SELECT_ENTRY,
     SELECT_KEYS,
     SELECT_PAUSES,
     SELECT_SEATS,
@@ -165,6 +166,18 @@ class Facts:
     #: PostgreSQL: the first page of agents (``AGENT_PAGE``, :data:`PAGE` heads) of the keys with the
     #: oldest heads, read with the rest, by (lane, provider, model).
     first_agents: dict[tuple[str, str, str], list[MemberHeadRow]] = attrs.field(factory=dict)
+    #: What :func:`_idle_agents_before` found in this transaction, by lane, head and horizon: a waiter's look
+    #: asks twice (may it go beside the rule's choices, and how many must leave first), for one answer.
+    idle_before: dict[tuple[str, Head, int], frozenset[str]] = attrs.field(factory=dict)
+    #: PostgreSQL: admission-index entries read with the rest (``None``: the request has none), by request.
+    entries: dict[str, EntryRow | None] = attrs.field(factory=dict)
+
+    def entry_of(self, tx: Tx, request_id: str) -> EntryRow | None:
+        """The admission-index entry of ``request_id`` (``None``: it has none), read with the facts on PostgreSQL,
+        else in ``tx`` now."""
+        if request_id in self.entries:
+            return self.entries[request_id]
+        return tx.one(SELECT_ENTRY, {"request_id": request_id})
 
     def latest_start_of(self, tx: Tx) -> int | None:
         """The latest start (``None``: none recorded), read in ``tx`` the first time it is needed
@@ -460,14 +473,28 @@ def rank_among_idle(
 
 def _idle_agents_before(
     tx: Tx, limits: Limits, facts: Facts, keys: list[KeyHeadRow], head: Head, horizon: int
+) -> frozenset[str]:
+    """The agents holding no seat whose head in an open key of ``keys`` (one lane's) is before ``head`` (up to
+    ``horizon``); read once per transaction (``Facts.idle_before``)."""
+    if not keys:
+        return frozenset()
+    memo = (keys[0].lane, head, horizon)
+    found = facts.idle_before.get(memo)
+    if found is None:
+        found = facts.idle_before[memo] = frozenset(_read_idle_agents_before(tx, limits, facts, keys, head, horizon))
+    return found
+
+
+def _read_idle_agents_before(
+    tx: Tx, limits: Limits, facts: Facts, keys: list[KeyHeadRow], head: Head, horizon: int
 ) -> set[str]:
-    """The agents holding no seat whose head in an open key of ``keys`` is before ``head`` (up to ``horizon``)."""
     agents: set[str] = set()
     for key in keys:  # the lane's keys (from :func:`read_keys`)
         if key_block(limits, facts, key.provider, key.model) is not None:
             continue
         params = {"lane": key.lane, "provider": key.provider, "model": key.model}
-        for member in _pages(tx, AGENT_PAGE, params, horizon + len(facts.agent_seats)):
+        first = facts.first_agents.get((key.lane, key.provider, key.model))
+        for member in _pages(tx, AGENT_PAGE, params, horizon + len(facts.agent_seats), first=first):
             if (member.head_enqueued_at, member.head_request_id) >= head or len(agents) >= horizon:
                 break
             if not facts.agent_seats[member.member]:
@@ -482,12 +509,12 @@ def _pages(
     page_size: int = PAGE,
     first: list[MemberHeadRow] | None = None,
 ) -> Iterable[MemberHeadRow]:
-    """A group's members in head order, read a page at a time (most walks stop in the first);
-    ``first``: the first page, already read (PostgreSQL reads the busiest keys' with the facts)."""
+    """A group's members in head order, read ``page_size`` at a time (most walks stop in the first page);
+    ``first``: the first :data:`PAGE` of them, already read (PostgreSQL reads the busiest keys' with the facts)."""
     after: Head = _START
     if first is not None:
         yield from first
-        if len(first) < page_size:
+        if len(first) < PAGE:
             return
         after = (first[-1].head_enqueued_at, first[-1].head_request_id)
     while True:

@@ -57,8 +57,12 @@ def wait_for_admission(
     # PostgreSQL: the first attempt writes at once (see ``admit_request``), unless this plane's last wait had
     # to wait: the queue is then likely busy, and a first attempt that takes the admission gate only to find
     # nothing to admit holds back every other admission and lease commit for nothing (measured: 16 connectors
-    # on 8 seats). Later attempts look first. Only a hint: the writing attempt re-checks everything either way.
-    direct = ctx.engine.dialect.name == "postgresql" and not ctx.queue_busy
+    # on 8 seats). Later attempts look first, except one woken by the ring it waited for when its look said it
+    # was the rule's next choice held back by capacity alone (``Wake.first``): the seat or start slot it
+    # waited for was just freed, so the server usually admits it, and the look's round trips are spared.
+    # Only a hint: the writing attempt re-checks everything either way.
+    postgresql = ctx.engine.dialect.name == "postgresql"
+    direct = postgresql and not ctx.queue_busy
     first = True
     try:
         while True:
@@ -80,7 +84,8 @@ def wait_for_admission(
                     continue  # look again now that every ring is heard
             if seen is not None and doorbell is not None:
                 limit = min(moment for moment in (now + fallback_ms, wake.at, deadline) if moment is not None)
-                _await_doorbell(ctx, doorbell, seen, wake, limit, initial_delay_ms, max_delay_ms, sleep)
+                rung = _await_doorbell(ctx, doorbell, seen, wake, limit, initial_delay_ms, max_delay_ms, sleep)
+                direct = postgresql and rung and wake.first
                 continue
             if wake.queue and not (wake.seats or wake.starts or wake.at is not None):
                 # Behind another request: ours may be next, so look again soon.
@@ -102,8 +107,8 @@ def _await_doorbell(
     initial_delay_ms: float,
     max_delay_ms: float,
     sleep: Callable[[float], object],
-) -> None:
-    """Sleep until ``wake`` is rung past ``seen`` or the plane's clock reaches ``limit``.
+) -> bool:
+    """Sleep until ``wake`` is rung past ``seen`` or the plane's clock reaches ``limit``; whether it was rung.
 
     On PostgreSQL, with the real ``time.sleep``, the wait blocks on the listening doorbell and
     wakes at a ring it waits for (the listening thread checks ``wake`` for it: ``wait_until``), and
@@ -125,8 +130,12 @@ def _await_doorbell(
         else:
             sleep(step * _jitter())
             current = doorbell.read()
-        if current is None or rung(current) or ctx.now() >= limit:
-            return
+        if current is None:
+            return False
+        if rung(current):
+            return True
+        if ctx.now() >= limit:
+            return False
         if not (wake.seats or wake.starts):  # not first in line: no hurry
             step = min(step * 2, max_delay_ms / 1000)
 

@@ -17,7 +17,7 @@ import attrs
 import pytest
 from admission_index import assert_index_consistent
 from dbutil import POSTGRES_ONLY, execute, is_postgres, table_dump
-from planes import PlaneFactory, activate, dispatch_record, enqueue
+from planes import PlaneFactory, activate, dispatch_record, enqueue, lease_in_phase
 
 from admission_plane import (
     AdmissionConflictError,
@@ -34,6 +34,8 @@ from admission_plane import (
     RequestState,
     UnknownLeaseError,
 )
+from admission_plane.service import _admission
+from admission_plane.service._admission import Wake
 from admission_plane.service._selection import PAGE
 from admission_plane.store.session_functions import REQUEST_DIVERGED
 from admission_plane.store.statements.admission import FIRST_PAGE_KEYS
@@ -93,6 +95,41 @@ def test_admission_times_out_expired_requests_then_admits_the_rest(make_plane: P
     assert stale is not None
     assert stale.state == RequestState.QUEUE_TIMEOUT
     assert_index_consistent(database_url)
+
+
+@pytest.mark.parametrize("parallel", [False, True], ids=["look", "parallel-look"])
+def test_a_waiters_look_reads_its_entry_and_the_agents_ahead_with_the_facts(
+    make_plane: PlaneFactory, database_url: str, statements: list[str], parallel: bool
+) -> None:
+    """A waiter behind two idle agents is told to wait for two departures, on both dialects; the rule's next
+    choice, held back by the seat alone, is told to wait for a seat, with the hint that an attempt may then go
+    to the server at once (``Wake.first``). On PostgreSQL each look is one round trip: its entry and the first
+    page of agents of its key come with the facts. A waiter's look (``parallel``) asks both whether it may go
+    beside the requests ahead and how many must leave first: the agents ahead are read once for both."""
+    seats = 3 if parallel else 1  # parallel: two free seats, one short of the three the waiter would need
+    plane = make_plane(policy=Policy(seats, seats, 0, 1_800_000, 30_000))
+    owner = plane.owner_identity.owner_instance_id
+    for n in range(seats - 2 if parallel else seats):
+        held = lease_in_phase(plane, "active", f"held-{n}", now=1_000 + 10 * n, agent_id=f"holder-{n}")
+        assert held is not None
+    for n, agent in enumerate(("agent-a", "agent-b", "agent-c")):
+        enqueue(plane, f"queued-{agent}", agent, 5_000 + n, session_id=f"s-{agent}")
+    statements.clear()
+    lease, wake = _admission.admit_request(plane._ctx, "queued-agent-c", 6_000, owner, parallel=parallel)
+    assert lease is None
+    assert wake == Wake(queue=2)
+    assert not wake.first
+    if is_postgres(database_url):
+        assert len(statements) == 1, statements
+    if parallel:
+        return
+    statements.clear()
+    lease, wake = _admission.admit_request(plane._ctx, "queued-agent-a", 6_000, owner)
+    assert lease is None
+    assert wake == Wake(queue=1, seats=True)
+    assert wake.first
+    if is_postgres(database_url):
+        assert len(statements) == 1, statements
 
 
 def test_a_refused_move_changes_nothing(make_plane: PlaneFactory, database_url: str) -> None:
