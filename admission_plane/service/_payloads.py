@@ -88,12 +88,14 @@ def enqueue_with_payload(
         if lane is None:
             return work(tx)
         entry = EntryRow(lane, meta.provider, meta.model, meta.agent_id, meta.session_id, now)
-        _insert(tx, meta.request_id, sealed, fingerprint_hex, expires_at, now, entry)
+        trying = blind is not None and admit_as is not None
+        # Tried: the admission's statement puts the request in the admission index only if it does not admit it.
+        _insert(tx, meta.request_id, sealed, fingerprint_hex, expires_at, now, entry, indexed=not trying)
         if blind is None or admit_as is None:
             return EnqueueResult(meta.request_id, False)
         lease_id = str(uuid.uuid4())
         returned = admit_sent(
-            ctx, tx, lease_id, meta.request_id, admit_as, EventKind.REQUEST_ADMITTED, now, blind=blind, must=False
+            ctx, tx, lease_id, meta.request_id, admit_as, EventKind.REQUEST_ADMITTED, now, blind=blind, entering=entry
         )
         return _Tried(EnqueueResult(meta.request_id, False), SentLease(lease_id, meta.request_id, admit_as, returned))
 
@@ -181,10 +183,13 @@ def _insert(
     expires_at: int,
     now: int,
     entry: EntryRow | None = None,
+    *,
+    indexed: bool = True,
 ) -> None:
     """Store the sealed prompt of a queued request, which makes it admissible (it enters the admission index;
-    ``entry``: its place, when the caller knows it). Nothing here reads the row back: on PostgreSQL it
-    travels with the commit (``Tx.send``)."""
+    ``entry``: its place, when the caller knows it; without ``indexed`` the caller puts it there in the same
+    transaction, ``SENT_BLIND_TRY``). Nothing here reads the row back: on PostgreSQL it travels with the commit
+    (``Tx.send``)."""
     tx.send(
         INSERT_PAYLOAD,
         {
@@ -199,6 +204,8 @@ def _insert(
         },
     )
     # Its place in the admission index (the request is queued: the caller checked it).
+    if not indexed:
+        return
     if entry is None:
         entry = tx.one(SELECT_ENTRY_OF_REQUEST, {"request_id": request_id})
     if entry is not None:

@@ -34,7 +34,7 @@ _LEVELS = ((DROP_SESSION, MOVE_SESSION_HEAD), (DROP_AGENT, MOVE_AGENT_HEAD), (DR
 
 def add(tx: Tx, request_id: str, entry: EntryRow) -> None:
     """Index a queued request that just got its payload: one row, and each group's head if it is older."""
-    params = {"request_id": request_id, **_entry_params(entry), "enqueued_at": entry.enqueued_at}
+    params = add_params(request_id, entry)
     if tx.functions:
         tx.send(QUEUE_ADD, params)  # the same chain, on the server
         return
@@ -62,6 +62,11 @@ def remove(tx: Tx, request_id: str, entry: EntryRow | None = None) -> None:
         # else its head moves on, and the parent's head moves only if it was the departed request.
         if tx.execute(drop, group) == 0 and tx.execute(move, group) == 0:
             return  # the request was not this group's head, so no group above has it as head either
+
+
+def add_params(request_id: str, entry: EntryRow) -> dict[str, object]:
+    """The parameters of :data:`~admission_plane.store.statements.queue.QUEUE_ADD` (and ``INSERT_ENTRY``)."""
+    return {"request_id": request_id, **_entry_params(entry), "enqueued_at": entry.enqueued_at}
 
 
 def _entry_params(entry: EntryRow) -> dict[str, str]:

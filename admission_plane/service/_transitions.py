@@ -28,7 +28,7 @@ from ..states import (
     transition,
 )
 from ..store.doorbell import Bell
-from ..store.rows import LeaseRow
+from ..store.rows import EntryRow, LeaseRow
 from ..store.statements.policy import COMPLETE_DRAIN
 from ..store.statements.transitions import (
     ADMIT_REQUEST,
@@ -206,7 +206,7 @@ def admit_sent(
     now: int,
     *,
     blind: Mapping[str, object] | None = None,
-    must: bool = True,
+    entering: EntryRow | None = None,
 ) -> Returned:
     """PostgreSQL with the session functions: :func:`admit_at_once` sent with the unit's commit (``SENT_ADMIT``),
     one round trip fewer inside the admission's lock. The new lease's generation is read after the commit
@@ -214,16 +214,21 @@ def admit_sent(
     server (:class:`~admission_plane.store.unit_of_work.SentUnitRefused`), and nothing is committed.
 
     With ``blind`` (the parameters of ``SENT_BLIND_ADMIT``: what the caller assumed of the policy) the unit has
-    read nothing: the server also decides whether the rule admits the request now, and refuses the commit if not;
-    without ``must`` it does not refuse (the unit commits its other writes either way): the row's generation is
-    then ``None`` when the request was not admitted, and nothing of the admission was written but its ring.
+    read nothing: the server also decides whether the rule admits the request now, and refuses the commit if not.
+    With ``entering`` too (an enqueue trying its new request's admission: the request's place, not yet in the
+    admission index) it does not refuse (the unit commits its other writes either way): the row's generation is
+    then ``None`` when the request was not admitted, the request entered the index, and nothing of the admission
+    was written but its ring; an admitted request never enters the index (``SENT_BLIND_TRY``).
     """
     move, params = _admission(lease_id, request_id, owner_instance_id, event, now)
     if blind is None:
         returned = tx.send_returning(SENT_ADMIT, params)
+    elif entering is None:
+        returned = tx.send_returning(SENT_BLIND_ADMIT, {**params, **blind})
     else:
-        returned = tx.send_returning(SENT_BLIND_ADMIT if must else SENT_BLIND_TRY, {**params, **blind})
-    _finish(ctx, tx, request_id, move, now, if_lease=None if must else lease_id)
+        place = _queue_index.add_params(request_id, entering)
+        returned = tx.send_returning(SENT_BLIND_TRY, {**params, **blind, **place})
+    _finish(ctx, tx, request_id, move, now, if_lease=None if entering is None else lease_id)
     return returned
 
 

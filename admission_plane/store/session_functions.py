@@ -195,12 +195,13 @@ _KEY_PAUSED = "p.lane = '' AND p.provider <> '' AND p.provider = {0}.provider AN
 #: index, the keys ahead one range of it (at most ``p_horizon`` + 1 read), and per key at most ``p_horizon`` agent
 #: heads past the ones holding seats; a queue with more keys ahead is left to the long way.
 #: ``tests/admission/database/test_blind_admission.py`` holds it to the rule.
-_BLIND_ADMISSIBLE = (
-    "CREATE OR REPLACE FUNCTION pg_temp.admission_plane_blind_admissible(p_request text, p_now bigint, "
-    "p_revision bigint, p_default_seats bigint, p_max_starts bigint, p_parallel boolean, p_horizon bigint) "
-    "RETURNS boolean LANGUAGE plpgsql AS $fn$\nDECLARE"
+_BLIND_DECLARE = (
+    "p_now bigint, p_revision bigint, p_default_seats bigint, p_max_starts bigint, p_parallel boolean, "
+    "p_horizon bigint) RETURNS boolean LANGUAGE plpgsql AS $fn$\nDECLARE"
     "\n  x queue_entries; v_revision bigint; v_drain text; v_limit bigint; v_seats bigint; v_starts bigint;"
     "\n  v_seated text[]; v_rows bigint; v_agents bigint; v_mine boolean;\nBEGIN"
+)
+_BLIND_POLICY = (
     "\n  SELECT revision, drain_state, max_active_turns INTO v_revision, v_drain, v_limit FROM policy_state LIMIT 1;"
     "\n  IF NOT FOUND THEN"
     "\n    IF p_revision <> 0 THEN RETURN false; END IF;"
@@ -210,8 +211,8 @@ _BLIND_ADMISSIBLE = (
     "\n  END IF;"
     f"\n  IF EXISTS (SELECT 1 FROM turn_requests WHERE state = '{RequestState.QUEUED}' AND deadline_at <= p_now)"
     " THEN RETURN false; END IF;"
-    "\n  SELECT * INTO x FROM queue_entries WHERE request_id = p_request;"
-    "\n  IF NOT FOUND THEN RETURN false; END IF;"
+)
+_BLIND_RULE = (
     "\n  IF (SELECT min(k.lane) FROM queue_keys k) < x.lane OR (SELECT max(k.lane) FROM queue_keys k) > x.lane THEN"
     "\n    RETURN false;"
     "\n  END IF;"
@@ -242,6 +243,34 @@ _BLIND_ADMISSIBLE = (
     "\n    AND least(v_limit - v_seats, p_max_starts - v_starts) >= v_agents + 1;"
     "\nEND\n$fn$"
 )
+_BLIND_ADMISSIBLE = (
+    "CREATE OR REPLACE FUNCTION pg_temp.admission_plane_blind_admissible(p_request text, "
+    + _BLIND_DECLARE
+    + _BLIND_POLICY
+    + (
+        "\n  SELECT * INTO x FROM queue_entries WHERE request_id = p_request;"
+        "\n  IF NOT FOUND THEN RETURN false; END IF;"
+    )
+    + _BLIND_RULE
+)
+#: ``admission_plane_blind_admissible`` for a request its own unit has just queued with its payload and not yet
+#: put in the admission index (an enqueue that tries its admission, ``SENT_BLIND_TRY``): its place is given
+#: (lane, key, agent, enqueue time) instead of read. The answer is the one the first function gives once the
+#: request is in the index: every comparison with the index is strictly before the request's own place, and the
+#: entry changes no group's head before it (``test_blind_admission`` holds the two to each other). The
+#: statement puts the request in the index only when the answer is no, so an enqueue admitted at once never
+#: writes and deletes its index rows in one transaction.
+_BLIND_ADMISSIBLE_NEW = (
+    "CREATE OR REPLACE FUNCTION pg_temp.admission_plane_blind_admissible_new(p_request text, p_lane text, "
+    "p_provider text, p_model text, p_agent text, p_at bigint, "
+    + _BLIND_DECLARE
+    + _BLIND_POLICY
+    + (
+        "\n  x.request_id := p_request; x.lane := p_lane; x.provider := p_provider; x.model := p_model;"
+        "\n  x.agent_id := p_agent; x.enqueued_at := p_at;"
+    )
+    + _BLIND_RULE
+)
 
 #: Every statement of the plane is prepared on the server once per connection (``prepare_threshold=0``),
 #: and its tables are small and keyed: a generic plan serves each execution as well as a fresh one.
@@ -255,7 +284,7 @@ _BLIND_ADMISSIBLE = (
 #: benchmarks on PostgreSQL unchanged (median ratio 1.03 over 92 cases, no case slower on a re-run).
 GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan; SET enable_bitmapscan = off"
 #: The text that creates the functions on a connection (one round trip, the simple query protocol).
-INSTALL = f"{_ADD}; {_REMOVE}; {_EXPECT_EDGE}; {_EXPECT_SENT}; {_BLIND_ADMISSIBLE}"
+INSTALL = f"{_ADD}; {_REMOVE}; {_EXPECT_EDGE}; {_EXPECT_SENT}; {_BLIND_ADMISSIBLE}; {_BLIND_ADMISSIBLE_NEW}"
 
 
 def install(dbapi_connection: Any, record: Any) -> None:

@@ -106,20 +106,11 @@ DROP_KEY, MOVE_KEY_HEAD = _level(QK, _KEY, _KEY_MEMBERS)
 #: PostgreSQL, a connection holding the session functions (:mod:`admission_plane.store.session_functions`):
 #: the whole chain of ``INSERT_ENTRY`` and the ``LOWER_*_HEAD`` statements, or of ``DELETE_ENTRY`` and the
 #: ``DROP_*``/``MOVE_*`` statements, as one call.
-QUEUE_ADD = Statement(
-    select(
-        func.pg_temp.admission_plane_queue_add(
-            P("request_id"),
-            P("lane"),
-            P("provider"),
-            P("model"),
-            P("agent_id"),
-            P("session_id"),
-            P("enqueued_at"),
-        )
-    ),
-    only="postgresql",
+#: The call of ``QUEUE_ADD`` (also made by ``transitions.SENT_BLIND_TRY`` for a request it does not admit).
+QUEUE_ADD_CALL = func.pg_temp.admission_plane_queue_add(
+    P("request_id"), P("lane"), P("provider"), P("model"), P("agent_id"), P("session_id"), P("enqueued_at")
 )
+QUEUE_ADD = Statement(select(QUEUE_ADD_CALL), only="postgresql")
 QUEUE_REMOVE = Statement(select(func.pg_temp.admission_plane_queue_remove(P("request_id"))), only="postgresql")
 
 # --- what admission reads -----------------------------------------------------------------------

@@ -162,6 +162,40 @@ def server_admits(
     return bool(row[0])
 
 
+def server_admits_entering(
+    connection: psycopg.Connection[Any], plane: AdmissionPlane, request_id: str, now: int, parallel: bool
+) -> bool | None:
+    """``admission_plane_blind_admissible_new`` for ``request_id`` as its enqueue asks it, before the request is
+    in the admission index: taken out of the index (and its place given) in a transaction rolled back after.
+    ``None`` when the request is not in the index."""
+    place = connection.execute(
+        "SELECT lane, provider, model, agent_id, enqueued_at FROM queue_entries WHERE request_id = %s", (request_id,)
+    ).fetchone()
+    if place is None:
+        return None
+    policy = plane.current_policy()
+    with connection.transaction(force_rollback=True):
+        connection.execute("SELECT pg_temp.admission_plane_queue_remove(%s)", (request_id,))
+        assert connection.execute(
+            "SELECT count(*) FROM queue_entries WHERE request_id = %s", (request_id,)
+        ).fetchone() == (0,)
+        row = connection.execute(
+            "SELECT pg_temp.admission_plane_blind_admissible_new(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (
+                request_id,
+                *place,
+                now,
+                policy.revision,
+                plane.policy.max_active_turns,
+                policy.policy.max_concurrent_starts,
+                parallel,
+                RANK_HORIZON,
+            ),
+        ).fetchone()
+    assert row is not None
+    return bool(row[0])
+
+
 def in_scope(database_url: str, request_id: str, now: int) -> bool:
     """Whether the state is one the function decides (else it must refuse, and the long way decides): no request
     to time out, one lane queued, neither everything nor the request's lane paused, its agent holding no seat (the
@@ -240,8 +274,9 @@ def test_the_server_admits_exactly_what_the_rule_admits(
     """Random queues (two lanes, four agents, three keys, two sessions, equal and older enqueue times), seats held
     in and past the start window, cooldowns, pauses and queue time-outs: for every request, as a waiter
     (``parallel``) and as ``admit_request``, the server never admits what the rule does not, and where it decides
-    (``in_scope``) it admits exactly what the rule admits. Then one waiter's real admission sent whole commits exactly
-    when the server said so."""
+    (``in_scope``) it admits exactly what the rule admits; asked for a request not yet in the index, as an enqueue asks
+    (``admission_plane_blind_admissible_new``), it answers as for the request in the index. Then one waiter's real
+    admission sent whole commits exactly when the server said so."""
     reset_postgres(database_url)
     plane = make_plane(policy=policy)
     try:
@@ -299,6 +334,9 @@ def check(plane: AdmissionPlane, database_url: str, server: psycopg.Connection[A
             server_says = server_admits(server, plane, request_id, now, parallel)
             rule_says = rule_admits(plane, request_id, now, parallel)
             assert not server_says or rule_says, f"the server admits {request_id} (parallel={parallel}), the rule not"
+            entering = server_admits_entering(server, plane, request_id, now, parallel)
+            # An enqueue asks before its request is in the index (``SENT_BLIND_TRY``): the same answer.
+            assert entering is None or entering == server_says, f"{request_id} (parallel={parallel}) entering"
             if in_scope(database_url, request_id, now):
                 assert server_says == rule_says, f"{request_id} (parallel={parallel}): server {server_says}"
                 if server_says and parallel:

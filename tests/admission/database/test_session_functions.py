@@ -46,6 +46,7 @@ POLICY = Policy(3, 3, 0, 5_000, 30_000, lanes=(Lane("default", 2), Lane("batch")
 KEYS: dict[str, Any] = {"encryption_key": ENCRYPTION_KEY, "content_fingerprint_key": CONTENT_KEY}
 FUNCTIONS = [
     "admission_plane_blind_admissible",
+    "admission_plane_blind_admissible_new",
     "admission_plane_expect_edge",
     "admission_plane_expect_sent",
     "admission_plane_queue_add",
