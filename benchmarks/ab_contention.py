@@ -1,11 +1,11 @@
 """Two checkouts side by side: ``python -m benchmarks.ab_contention --database URL --old /tmp/wt-old``.
 
 Runs the contention worker (:mod:`benchmarks._contention_worker`) from each checkout in turn
-(``--old``, then this one, then ``--old``...), ``--rounds`` times at each ``--processes`` count, on
-one migrated database (``--database``; the schema must suit both), and prints each window's
-turns per second and the workers' CPU per turn, then the median ratio new / old per P. Only
-figures taken in the same window of this shared machine are comparable; this keeps them
-alternating. Make the old checkout with ``git worktree add /tmp/wt-old <commit>``.
+(``--old`` then this one, then this one and ``--old``, ...: the database grows by every window),
+``--rounds`` times at each ``--processes`` count, on one migrated database (``--database``; the schema
+must suit both), and prints each window's turns per second and the workers' CPU per turn, then the
+median ratio new / old per P. Only figures taken in the same window of this shared machine are
+comparable; this keeps them alternating. Make the old checkout with ``git worktree add /tmp/wt-old <commit>``.
 """
 
 from __future__ import annotations
@@ -41,8 +41,14 @@ def main(argv: list[str] | None = None) -> None:
     for processes in (int(p) for p in args.processes.split(",")):
         ratios = []
         for round_index in range(args.rounds):
-            old = _window(args.old, args.database, processes, args.seconds, args.seats)
-            new = _window(REPO, args.database, processes, args.seconds, args.seats)
+            # Old first in even rounds, new first in odd ones: the database grows by every window (its tables and
+            # WAL), so a fixed order would always give the second checkout the larger database.
+            if round_index % 2:
+                new = _window(REPO, args.database, processes, args.seconds, args.seats)
+                old = _window(args.old, args.database, processes, args.seconds, args.seats)
+            else:
+                old = _window(args.old, args.database, processes, args.seconds, args.seats)
+                new = _window(REPO, args.database, processes, args.seconds, args.seats)
             ratios.append(new[0] / old[0] if old[0] else float("nan"))
             print(
                 f"P = {processes} round {round_index + 1}: old {old[0]:.1f} turns/s ({old[1]:.2f} ms CPU/turn), "

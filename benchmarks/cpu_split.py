@@ -129,7 +129,9 @@ def main(argv: list[str] | None = None) -> None:
     counts = [int(p) for p in args.processes.split(",") if p]
     for number in range(args.rounds):  # round by round, so every P and checkout sees the same neighbours
         for processes in counts:
-            for label, root in roots.items():
+            # Alternate which checkout goes first: a PostgreSQL database grows by every window (its requests and
+            # journal), so a fixed order would always give the second checkout the larger one.
+            for label, root in list(roots.items())[:: -1 if number % 2 else 1]:
                 figures = window(root, database, processes, args.seconds, args.seats, locks=args.locks)
                 rounded = {name: round(value, 3) for name, value in figures.items()}
                 print(json.dumps({"P": processes, "round": number + 1, "checkout": label, **rounded}), flush=True)
