@@ -176,6 +176,8 @@ class FloorConnector:
                 "lane": "default",
                 "now": now,
                 "deadline_at": now + 1_800_000,
+                "queued_owner_instance_id": self.owner,  # bound to its connector by the insert
+                "queued_owner_recorded_at": now,
             },
         )
         assert inserted == 1
@@ -186,12 +188,6 @@ class FloorConnector:
             if self._one(requests.SELECT_QUEUED_OWNER, {"owner_instance_id": self.owner}) is None:
                 self._execute(requests.INSERT_QUEUED_OWNER, {**self._owner_values, "now": now, "host_id": self.host_id})
             self._owner_recorded = True
-        assert (
-            self._execute(
-                requests.BIND_QUEUED_OWNER, {"request_id": request_id, "owner_instance_id": self.owner, "now": now}
-            )
-            == 1
-        )
         self._execute(
             requests.INSERT_PAYLOAD,
             {

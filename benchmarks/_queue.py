@@ -128,6 +128,8 @@ def _rows(items: Sequence[Queued]) -> dict[Statement, list[dict[str, Any]]]:
                 "lane": spec.lane,
                 "now": now,
                 "deadline_at": now + QUEUE_TIMEOUT_MS,
+                "queued_owner_instance_id": None,  # bound below, as each enqueue binds (``_BIND_OWNER``)
+                "queued_owner_recorded_at": None,
             }
         )
         event_rows.append(
@@ -181,7 +183,7 @@ def _rows(items: Sequence[Queued]) -> dict[Statement, list[dict[str, Any]]]:
     }
 
 
-#: Bind every request queued here to the plane's queued owner, as ``enqueue`` does (``BIND_QUEUED_OWNER``).
+#: Bind every request queued here to the plane's queued owner, as an enqueue's insert binds it.
 _BIND_OWNER = (
     "UPDATE turn_requests SET queued_owner_instance_id = {owner}, queued_owner_recorded_at = enqueued_at"
     " WHERE state = 'queued' AND queued_owner_instance_id IS NULL"

@@ -109,7 +109,7 @@ def enqueue(ctx: PlaneContext, meta: Metadata, connector: ConnectorIdentity, now
     ctx.keys.require_content()
 
     def work(tx: Tx) -> EnqueueResult:
-        result, _lane = insert_request(ctx, tx, meta, now)
+        result, _lane = insert_request(ctx, tx, meta, connector, now)
         bind_owner(ctx, tx, meta.request_id, connector, now, result.existed, created=not result.existed)
         return result
 
@@ -132,8 +132,11 @@ def enqueue(ctx: PlaneContext, meta: Metadata, connector: ConnectorIdentity, now
 ENQUEUE_GATE = Gate.ENQUEUE
 
 
-def insert_request(ctx: PlaneContext, tx: Tx, meta: Metadata, now: int) -> tuple[EnqueueResult, str]:
-    """Insert the request (``absent -> queued``), or accept an exact replay of it; and its lane.
+def insert_request(
+    ctx: PlaneContext, tx: Tx, meta: Metadata, connector: ConnectorIdentity, now: int
+) -> tuple[EnqueueResult, str]:
+    """Insert the request (``absent -> queued``, bound to ``connector``: :func:`bind_owner` with ``created``
+    then records the connector only), or accept an exact replay of it; and its lane.
 
     The policy in force decides the lane (it must name it), the queue deadline and, for a
     policy that refuses requests beyond the per-session limit, whether the session has room.
@@ -153,7 +156,13 @@ def insert_request(ctx: PlaneContext, tx: Tx, meta: Metadata, now: int) -> tuple
         if existing is not None:
             return _replay(tx, meta, lane, existing), lane
         raise
-    params = {**as_params(meta), "lane": lane, "now": now, "deadline_at": now + policy.queue_timeout_ms}
+    params = {
+        **as_params(meta),
+        **_bound(connector, now),
+        "lane": lane,
+        "now": now,
+        "deadline_at": now + policy.queue_timeout_ms,
+    }
     if tx.execute(INSERT_REQUEST, params) == 0:  # stored already (a replay, or the same request enqueued beside it)
         return _replay(tx, meta, lane, tx.one(SELECT_REQUEST_META, {"request_id": meta.request_id})), lane
     _budgets.store_estimate(tx, meta.request_id, meta.estimated_tokens)
@@ -183,11 +192,17 @@ def send_request(ctx: PlaneContext, tx: Tx, meta: Metadata, connector: Connector
     except InvalidInputError:
         return None
     deadline = now + policy.queue_timeout_ms
-    tx.send(SENT_REQUEST, {**as_params(meta), "lane": lane, "now": now, "deadline_at": deadline, "revision": revision})
+    params = {**as_params(meta), **_bound(connector, now), "lane": lane, "now": now, "deadline_at": deadline}
+    tx.send(SENT_REQUEST, {**params, "revision": revision})
     _budgets.store_estimate(tx, meta.request_id, meta.estimated_tokens)
     _journal.record(ctx, tx, EventKind.REQUEST_ENQUEUED, meta.request_id, ABSENT, S.QUEUED, now)
     bind_owner(ctx, tx, meta.request_id, connector, now, False, created=True)
     return lane
+
+
+def _bound(connector: ConnectorIdentity, now: int) -> dict[str, object]:
+    """A new request's binding to the connector that enqueues it, written by its insert."""
+    return {"queued_owner_instance_id": connector.owner_instance_id, "queued_owner_recorded_at": now}
 
 
 def _admissible(tx: Tx, policy: Policy, meta: Metadata, lane: str) -> None:
@@ -212,10 +227,6 @@ def _replay(tx: Tx, meta: Metadata, lane: str, stored: RequestMeta | None) -> En
     return EnqueueResult(meta.request_id, True)
 
 
-#: A request its own transaction just inserted: queued, bound to no connector.
-_UNBOUND = RequestStatus(RequestState.QUEUED, None)
-
-
 def bind_owner(
     ctx: PlaneContext,
     tx: Tx,
@@ -230,7 +241,8 @@ def bind_owner(
     """Record ``connector`` and bind the queued request to it (so its death can be settled).
 
     ``status`` is the request's row when the caller already read and checked it here; ``created``:
-    the caller's transaction inserted the request, so it is queued and bound to no connector.
+    the caller's transaction inserted the request (:func:`insert_request`), queued and bound to ``connector``
+    already, so only the connector's record is left to write.
     """
     # This plane's own record, once seen committed, is never read again (a record is never deleted).
     known = connector is ctx.owner_identity and ctx.owner_recorded
@@ -251,8 +263,8 @@ def bind_owner(
         if connector is ctx.owner_identity:
             ctx.owner_recorded = True
     if created:
-        status = _UNBOUND
-    elif status is None:
+        return  # bound by its insert
+    if status is None:
         status = require_queued(tx, request_id)
     if status.queued_owner_instance_id == connector.owner_instance_id:
         return
@@ -262,11 +274,7 @@ def bind_owner(
             return
         raise AdmissionConflictError()
     params = {"request_id": request_id, "owner_instance_id": connector.owner_instance_id, "now": now}
-    if created:
-        # Inserted by this very transaction, queued and unbound: the update cannot miss, so nothing
-        # waits for its row count (on PostgreSQL it travels with the commit, ``Tx.send``).
-        tx.send(BIND_QUEUED_OWNER, params)
-    elif tx.execute(BIND_QUEUED_OWNER, params) != 1:
+    if tx.execute(BIND_QUEUED_OWNER, params) != 1:
         raise AdmissionConflictError()
 
 

@@ -65,7 +65,7 @@ def enqueue_with_payload(
     admit_long = admit_as if not postgres or blind is not None else None  # under a gate that admits
 
     def work(tx: Tx) -> EnqueueResult:
-        result, lane = insert_request(ctx, tx, meta, now)
+        result, lane = insert_request(ctx, tx, meta, connector, now)
         if not result.existed:
             # Created by this transaction: queued, bound to no connector yet, without a payload.
             bind_owner(ctx, tx, meta.request_id, connector, now, False, created=True)

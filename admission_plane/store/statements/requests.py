@@ -41,6 +41,10 @@ _new_request = {
     "enqueued_at": P("now"),
     "deadline_at": P("deadline_at"),
     "lane": P("lane"),
+    # Bound to the connector that enqueues it by the insert itself (``service._enqueue.bind_owner``): a turn's
+    # request is never updated only to record its queued owner (``BIND_QUEUED_OWNER`` binds a stored request).
+    "queued_owner_instance_id": P("queued_owner_instance_id"),
+    "queued_owner_recorded_at": P("queued_owner_recorded_at"),
 }
 #: PostgreSQL: enqueues run side by side (``Gate.ENQUEUE``), so the same request enqueued twice at once
 #: inserts once; the other finds no row inserted (row count 0) and compares, as a replay does.
