@@ -141,25 +141,25 @@ def rule_admits(plane: AdmissionPlane, request_id: str, now: int, parallel: bool
     raise AssertionError("the unit was not rolled back")
 
 
+def _assumed(plane: AdmissionPlane, now: int, parallel: bool) -> tuple[object, ...]:
+    """The blind functions' parameters after the request's place: what the plane assumes of the policy."""
+    policy = plane.current_policy()
+    max_starts = policy.policy.max_concurrent_starts
+    return (now, policy.revision, plane.policy.max_active_turns, max_starts, parallel, RANK_HORIZON)
+
+
+def _answer(connection: psycopg.Connection[Any], function: str, arguments: tuple[object, ...]) -> bool:
+    placeholders = ", ".join(["%s"] * len(arguments))
+    row = connection.execute(f"SELECT pg_temp.{function}({placeholders})", arguments).fetchone()
+    assert row is not None
+    return bool(row[0])
+
+
 def server_admits(
     connection: psycopg.Connection[Any], plane: AdmissionPlane, request_id: str, now: int, parallel: bool
 ) -> bool:
     """The server's answer (``admission_plane_blind_admissible``) with what the plane assumes of the policy."""
-    policy = plane.current_policy()
-    row = connection.execute(
-        "SELECT pg_temp.admission_plane_blind_admissible(%s, %s, %s, %s, %s, %s, %s)",
-        (
-            request_id,
-            now,
-            policy.revision,
-            plane.policy.max_active_turns,
-            policy.policy.max_concurrent_starts,
-            parallel,
-            RANK_HORIZON,
-        ),
-    ).fetchone()
-    assert row is not None
-    return bool(row[0])
+    return _answer(connection, "admission_plane_blind_admissible", (request_id, *_assumed(plane, now, parallel)))
 
 
 def server_admits_entering(
@@ -173,27 +173,12 @@ def server_admits_entering(
     ).fetchone()
     if place is None:
         return None
-    policy = plane.current_policy()
+    arguments = (request_id, *place, *_assumed(plane, now, parallel))
     with connection.transaction(force_rollback=True):
         connection.execute("SELECT pg_temp.admission_plane_queue_remove(%s)", (request_id,))
-        assert connection.execute(
-            "SELECT count(*) FROM queue_entries WHERE request_id = %s", (request_id,)
-        ).fetchone() == (0,)
-        row = connection.execute(
-            "SELECT pg_temp.admission_plane_blind_admissible_new(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-            (
-                request_id,
-                *place,
-                now,
-                policy.revision,
-                plane.policy.max_active_turns,
-                policy.policy.max_concurrent_starts,
-                parallel,
-                RANK_HORIZON,
-            ),
-        ).fetchone()
-    assert row is not None
-    return bool(row[0])
+        left = connection.execute("SELECT count(*) FROM queue_entries WHERE request_id = %s", (request_id,))
+        assert left.fetchone() == (0,)
+        return _answer(connection, "admission_plane_blind_admissible_new", arguments)
 
 
 def in_scope(database_url: str, request_id: str, now: int) -> bool:
