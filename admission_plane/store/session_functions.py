@@ -166,10 +166,14 @@ def _in(values: frozenset[str]) -> str:
     return "(" + ", ".join(f"'{value}'" for value in sorted(values)) + ")"
 
 
-#: The seat-holding leases (``SEAT_PHASES``) with their requests, and those inside the start window.
+#: The seat-holding leases (``SEAT_PHASES``) with their requests' agents, and those inside the start window. Each
+#: request is read by its key, one lease at a time (``LATERAL ... LIMIT 1``, which the planner cannot turn into a
+#: hash join): as a plain join, a plan made while ``turn_requests`` was small (a new database, before its first
+#: ``ANALYZE``) scanned the whole table, every request ever queued, for each admission
+#: (``store.statements.queue.SELECT_SEATS`` says more).
 _SEATS = (
-    "FROM leases l JOIN turn_requests r ON r.request_id = l.request_id"
-    f" WHERE l.phase IN {_in(frozenset(map(str, SEAT_PHASES)))}"
+    "FROM leases l CROSS JOIN LATERAL (SELECT r.agent_id FROM turn_requests r WHERE r.request_id = l.request_id"
+    f" LIMIT 1) r WHERE l.phase IN {_in(frozenset(map(str, SEAT_PHASES)))}"
 )
 _STARTING = f"l.phase IN {_in(frozenset(map(str, START_WINDOW_PHASES)))}"
 _COOLING = "c.provider = {0}.provider AND c.model = {0}.model AND c.not_before > p_now"

@@ -557,3 +557,52 @@ def test_a_plane_connection_counts_its_churning_leases_without_a_bitmap_scan(
     finally:
         raw.close()
     assert "Bitmap" not in plan, plan
+
+
+#: A plain join of the seat-holding leases with their requests, as the seat reads were written before.
+_PLAIN_SEATS = (
+    "SELECT count(*) FROM leases l JOIN turn_requests r ON r.request_id = l.request_id"
+    " WHERE l.phase IN ('active', 'admitted', 'dispatch_intent', 'starting')"
+)
+#: Copies of every request (new ids), so the table holds as many as a short benchmark window leaves behind.
+_COPY_REQUESTS = (
+    "INSERT INTO turn_requests SELECT (jsonb_populate_record(NULL::turn_requests, to_jsonb(t)"
+    " || jsonb_build_object('request_id', t.request_id || '-copy-' || g))).*"
+    " FROM turn_requests t, generate_series(1, 1500) g"
+)
+
+
+@POSTGRES_ONLY
+def test_the_seat_reads_reach_each_request_by_its_key_whatever_the_planner_knows(
+    open_plane: PlaneOpener, database_url: str
+) -> None:
+    """The seat reads (``SELECT_SEATS`` on PostgreSQL, inside ``ADMISSION_READS``, and the blind admission's, in
+    ``session_functions``) reach each lease's request through ``turn_requests``' key, one lease at a time, on a
+    database whose tables were never analysed. A plain join is planned there as a hash join that reads the
+    whole table, every request ever queued, for each admission and each look (checked: the same plan shows it,
+    with 1 501 requests and one seat held)."""
+    from admission_plane.store.statements.queue import SELECT_SEATS
+
+    plane = open_plane(database_url)
+    execute(database_url, "TRUNCATE turn_requests, leases CASCADE")
+    put(plane, "held", 1_000)
+    assert plane.admit_request("held", 1_000, plane.owner_identity.owner_instance_id) is not None
+    execute(database_url, _COPY_REQUESTS)  # never analysed since: the planner sees pages, not rows
+    sql, defaults = SELECT_SEATS.compiled(plane.engine.dialect)
+    raw = plane.engine.raw_connection()
+    plans = {}
+    try:
+        cursor = raw.dbapi_connection.cursor()
+        for name, text, params in (
+            ("SELECT_SEATS", sql, defaults),
+            ("blind admission", f"SELECT count(*), array_agg(r.agent_id) {session_functions._SEATS}", None),
+            ("plain join", _PLAIN_SEATS, None),
+        ):
+            cursor.execute(f"EXPLAIN {text}", params)
+            plans[name] = "\n".join(row[0] for row in cursor.fetchall())
+    finally:
+        raw.close()
+    assert "Hash Join" in plans["plain join"], plans["plain join"]  # what the seat reads must not be
+    for name in ("SELECT_SEATS", "blind admission"):
+        assert "Scan using turn_requests_pkey on turn_requests" in plans[name], (name, plans[name])
+        assert "Seq Scan on turn_requests" not in plans[name], (name, plans[name])
