@@ -17,7 +17,7 @@ from ..rows import Candidate, QueuedEntry
 from ..tx import Query, Scalar, Statement
 from ._build import P, lit, one, one_of
 from .policy import SELECT_POLICY
-from .queue import QA, QK, SEATS_BY_KEY, SELECT_ACTIVE_COOLDOWNS, SELECT_ENTRY, SELECT_KEYS, SELECT_PAUSES
+from .queue import QA, QK, SEATS_LATERAL, SELECT_ACTIVE_COOLDOWNS, SELECT_ENTRY, SELECT_KEYS, SELECT_PAUSES
 
 R, L, C, PL, SH = TurnRequest, Lease, Cooldown, TurnPayload, StartHistory
 QUEUED = RequestState.QUEUED
@@ -72,7 +72,7 @@ FIRST_AGENTS = select(*_first_agents.c).select_from(_first_keys.join(_first_agen
 
 #: PostgreSQL: everything an admission or a waiter's look reads before the rule walks the index, in one
 #: statement instead of seven: whether a queued request is past its deadline, the latest start, the policy
-#: row (``SELECT_POLICY``), the rows of ``SELECT_SEATS`` (as ``SEATS_BY_KEY``), ``SELECT_ACTIVE_COOLDOWNS``,
+#: row (``SELECT_POLICY``), the rows of ``SELECT_SEATS`` (as ``SEATS_LATERAL``), ``SELECT_ACTIVE_COOLDOWNS``,
 #: ``SELECT_PAUSES`` and ``SELECT_KEYS`` (in its order), :data:`FIRST_AGENTS`, and the admission-index entry of
 #: ``request_id`` (``SELECT_ENTRY``: the request a waiter looks for or an admission is limited to; ``NULL`` for
 #: none); each row a JSON array in its statement's column order. One statement is one snapshot too (READ COMMITTED takes
@@ -83,7 +83,7 @@ ADMISSION_READS = Statement(
         _select(ANY_EXPIRED).exists().label("expired"),
         select(func.max(SH.started_at)).scalar_subquery().label("latest_start"),
         json_row(SELECT_POLICY).label("policy"),
-        _json_select(SEATS_BY_KEY).label("seats"),
+        _json_select(SEATS_LATERAL).label("seats"),
         _json_rows(SELECT_ACTIVE_COOLDOWNS).label("cooldowns"),
         _json_rows(SELECT_PAUSES).label("pauses"),
         _json_rows(SELECT_KEYS, "lane", "head_enqueued_at", "head_request_id").label("keys"),

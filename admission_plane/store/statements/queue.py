@@ -147,7 +147,7 @@ _seat_request = (
 #: made while ``turn_requests`` was small (a new database, or one whose statistics predate its growth: the table
 #: keeps every request ever queued) was a hash join that read the whole table for each admission and look:
 #: 3.2 ms at 11 000 requests where the nested loop takes 0.1 ms, and 50-150 µs a turn in a benchmark window.
-SEATS_BY_KEY = (
+SEATS_LATERAL = (
     select(Lease.phase, Lease.acquired_at, *_seat_request.c)
     .select_from(Lease)
     .join(_seat_request, true())
@@ -159,7 +159,7 @@ SELECT_SEATS = Query(
     .join(R, R.request_id == Lease.request_id)
     .where(one_of(Lease.phase, SEAT_PHASES)),
     SeatRow,
-    postgresql=SEATS_BY_KEY,
+    postgresql=SEATS_LATERAL,
 )
 SELECT_ACTIVE_COOLDOWNS = Query(
     select(Cooldown.provider, Cooldown.model, Cooldown.not_before).where(Cooldown.not_before > P("now")),
