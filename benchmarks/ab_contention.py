@@ -43,12 +43,11 @@ def main(argv: list[str] | None = None) -> None:
         for round_index in range(args.rounds):
             # Old first in even rounds, new first in odd ones: the database grows by every window (its tables and
             # WAL), so a fixed order would always give the second checkout the larger database.
-            if round_index % 2:
-                new = _window(REPO, args.database, processes, args.seconds, args.seats)
-                old = _window(args.old, args.database, processes, args.seconds, args.seats)
-            else:
-                old = _window(args.old, args.database, processes, args.seconds, args.seats)
-                new = _window(REPO, args.database, processes, args.seconds, args.seats)
+            roots = [("old", args.old), ("new", REPO)][:: -1 if round_index % 2 else 1]
+            figures = {
+                label: _window(root, args.database, processes, args.seconds, args.seats) for label, root in roots
+            }
+            old, new = figures["old"], figures["new"]
             ratios.append(new[0] / old[0] if old[0] else float("nan"))
             print(
                 f"P = {processes} round {round_index + 1}: old {old[0]:.1f} turns/s ({old[1]:.2f} ms CPU/turn), "

@@ -67,7 +67,7 @@ def enqueue_with_payload(
     def work(tx: Tx) -> EnqueueResult:
         result, lane = insert_request(ctx, tx, meta, connector, now)
         if not result.existed:
-            # Created by this transaction: queued, bound to no connector yet, without a payload.
+            # Created by this transaction: queued, bound to ``connector`` by its insert, without a payload.
             bind_owner(ctx, tx, meta.request_id, connector, now, False, created=True)
             entry = EntryRow(lane, meta.provider, meta.model, meta.agent_id, meta.session_id, now)
             _insert(tx, meta.request_id, sealed, fingerprint_hex, expires_at, now, entry)
@@ -88,11 +88,11 @@ def enqueue_with_payload(
         if lane is None:
             return work(tx)
         entry = EntryRow(lane, meta.provider, meta.model, meta.agent_id, meta.session_id, now)
-        trying = blind is not None and admit_as is not None
-        # Tried: the admission's statement puts the request in the admission index only if it does not admit it.
-        _insert(tx, meta.request_id, sealed, fingerprint_hex, expires_at, now, entry, indexed=not trying)
         if blind is None or admit_as is None:
+            _insert(tx, meta.request_id, sealed, fingerprint_hex, expires_at, now, entry)
             return EnqueueResult(meta.request_id, False)
+        # Tried: the admission's statement puts the request in the admission index only if it does not admit it.
+        _insert(tx, meta.request_id, sealed, fingerprint_hex, expires_at, now, entry, indexed=False)
         lease_id = str(uuid.uuid4())
         returned = admit_sent(
             ctx, tx, lease_id, meta.request_id, admit_as, EventKind.REQUEST_ADMITTED, now, blind=blind, entering=entry

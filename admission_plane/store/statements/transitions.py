@@ -102,22 +102,21 @@ ADMIT_REQUEST = Statement(
 _one = select(literal(1).label("one")).subquery("one")
 
 
-def _sent_admit(reserved: Any, new_lease: Any, *, checked: bool = True) -> Statement:
-    """The reservation sent with its commit: one row whatever happened (``_one``), the new generation in it;
-    ``checked``: the server refuses the commit (``SENT_REFUSED``) unless the request was reserved and its lease
-    inserted; else the row also counts the leases inserted (the unit commits either way)."""
+def _sent_admit(reserved: Any, new_lease: Any, *, entering: bool = False) -> Statement:
+    """The reservation sent with its commit: one row whatever happened (``_one``), the new generation in it. The
+    reserved request leaves the admission index, and the server refuses the commit (``SENT_REFUSED``) unless the
+    request was reserved and its lease inserted. ``entering``: an enqueue's try, whose request is not in the index
+    yet: the server puts it there only if it did not reserve it, and the row counts the leases inserted instead
+    (the unit commits either way)."""
     inserted = select(func.count()).select_from(new_lease).scalar_subquery()
-    last = (
-        func.pg_temp.admission_plane_expect_sent(inserted == 1).label("checked")
-        if checked
-        else inserted.label("leases")
-    )
+    if entering:
+        index = case((reserved.c.request_id.is_(None), QUEUE_ADD_CALL)).label("queued")
+        last = inserted.label("leases")
+    else:
+        index = func.pg_temp.admission_plane_queue_remove(reserved.c.request_id).label("dequeued")
+        last = func.pg_temp.admission_plane_expect_sent(inserted == 1).label("checked")
     return Statement(
-        select(
-            reserved.c.lease_generation,
-            func.pg_temp.admission_plane_queue_remove(reserved.c.request_id).label("dequeued"),
-            last,
-        ).select_from(_one.outerjoin(reserved, true())),
+        select(reserved.c.lease_generation, index, last).select_from(_one.outerjoin(reserved, true())),
         only="postgresql",
     )
 
@@ -142,16 +141,14 @@ _blind_guard = func.pg_temp.admission_plane_blind_admissible(R.request_id, *_ASS
 #: check refuses the commit. Parameters beyond ``SENT_ADMIT``'s: ``revision``, ``default_seats``, ``max_starts``,
 #: ``parallel`` and ``horizon`` (what the caller assumed of the policy, and how it asks).
 SENT_BLIND_ADMIT = _sent_admit(*_reservation(_blind_guard))
-_tried, _tried_lease = _reservation(
-    func.pg_temp.admission_plane_blind_admissible_new(
-        R.request_id,
-        cast(P("lane"), Text),
-        cast(P("provider"), Text),
-        cast(P("model"), Text),
-        cast(P("agent_id"), Text),
-        cast(P("enqueued_at"), BigInteger),
-        *_ASSUMED,
-    )
+_entering_guard = func.pg_temp.admission_plane_blind_admissible_new(
+    R.request_id,
+    cast(P("lane"), Text),
+    cast(P("provider"), Text),
+    cast(P("model"), Text),
+    cast(P("agent_id"), Text),
+    cast(P("enqueued_at"), BigInteger),
+    *_ASSUMED,
 )
 #: ``SENT_BLIND_ADMIT`` for an enqueue that tries its new request's admission with it, in a unit that commits
 #: whether or not the request is admitted: no check, and the request is not in the admission index yet (its
@@ -161,14 +158,7 @@ _tried, _tried_lease = _reservation(
 #: dequeued in one transaction (two calls and eight rows written fewer). Its row: the new generation, ``NULL``
 #: when not admitted (and nothing of the admission was written; its journal event is inserted only if the lease
 #: exists, ``INSERT_EVENT_IF_LEASE``).
-SENT_BLIND_TRY = Statement(
-    select(
-        _tried.c.lease_generation,
-        case((_tried.c.request_id.is_(None), QUEUE_ADD_CALL)).label("queued"),
-        select(func.count()).select_from(_tried_lease).scalar_subquery().label("leases"),
-    ).select_from(_one.outerjoin(_tried, true())),
-    only="postgresql",
-)
+SENT_BLIND_TRY = _sent_admit(*_reservation(_entering_guard), entering=True)
 #: A queued request leaves the queue without a lease (cancelled, timed out, owner gone).
 END_QUEUED_REQUEST = Statement(
     update(R)
