@@ -1,7 +1,9 @@
 """Engine construction: the one place every database connection is configured.
 
 SQLite: ``foreign_keys=ON``, ``journal_mode=WAL``, ``synchronous=FULL`` and a
-``busy_timeout`` on every connection; pysqlite's own transaction handling is switched
+``busy_timeout`` on every connection (a unit of work's writing transaction commits with
+``synchronous=NORMAL`` and flushes after it leaves the writer gate:
+:mod:`admission_plane.store.group_commit`); pysqlite's own transaction handling is switched
 off (``isolation_level=None``) and transactions are begun explicitly, ``BEGIN IMMEDIATE``
 by default, so a writer takes the database's write lock before it reads and waits on
 ``busy_timeout`` instead of failing mid-transaction (SQLAlchemy's documented pysqlite
@@ -38,7 +40,7 @@ from sqlalchemy.exc import ArgumentError, DisconnectionError, NoSuchModuleError
 
 from .. import _validate as v
 from ..errors import InvalidInputError
-from . import session_functions
+from . import group_commit, session_functions
 
 #: The environment variable naming the database when no URL is given (CLI, ``alembic``).
 DATABASE_URL_VARIABLE = "ADMISSION_PLANE_DATABASE_URL"
@@ -138,13 +140,15 @@ def _create_engine(url: URL, **options: Any) -> Engine:
 
 def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+    def _on_connect(dbapi_connection: Any, record: Any) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         try:
             cursor.execute("PRAGMA foreign_keys = ON")
-            cursor.execute("PRAGMA journal_mode = WAL")
+            (journal_mode,) = cursor.execute("PRAGMA journal_mode = WAL").fetchone()
+            record.info[group_commit.WAL_INFO] = str(journal_mode).lower() == "wal"
             cursor.execute("PRAGMA synchronous = FULL")
+            record.info[group_commit.SYNCHRONOUS_INFO] = group_commit.STRICT
             cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         finally:
             cursor.close()
@@ -152,6 +156,7 @@ def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
         mode = connection.get_execution_options().get(SQLITE_BEGIN_OPTION, "IMMEDIATE")
+        group_commit.strict(connection.exec_driver_sql, connection.info)
         connection.exec_driver_sql(SQLITE_BEGIN[mode])
 
 

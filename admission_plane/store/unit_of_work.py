@@ -10,7 +10,9 @@ Why this is enough to serialise admission:
   under one lock, across threads and processes. Writers of this library first queue on a
   kernel file lock (:class:`_WriterGate`), so the write lock passes straight to the next
   of them; against other programs they wait on ``busy_timeout`` instead of failing
-  half-way through.
+  half-way through. A writing unit commits under the gate and flushes the ``-wal`` file
+  after it, before it returns (:mod:`admission_plane.store.group_commit`), so the next
+  writer's work and this unit's flush overlap.
 * PostgreSQL: there is no database-wide write lock, and ``READ COMMITTED`` lets two
   hosts both count the same free seat. Writing units therefore take transaction-level
   advisory locks (released at commit or rollback) on two keys: the *admission gate*
@@ -106,6 +108,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import PoolProxiedConnection
 
 from ..errors import AdmissionBusyError, AdmissionDatabaseError, AdmissionError, AdmissionStateError, LeaseFenceError
+from . import group_commit
 from .advisory import ADVISORY_LOCK_KEY, DRAIN_LOCK_KEY, LEASE_LOCK_KEY, START_LOCK_KEY
 from .doorbell import CHANNEL, RELEASE_ASKED, SOMEONE_LISTENS, Chimes, open_gate_file, ring
 from .engine import SQLITE_BEGIN, writer_lock_path
@@ -195,6 +198,8 @@ class UnitOfWork:
         self._gate_mode = gate if gate is not None or read_only else Gate.EXCLUSIVE
         self._committed = False
         self._open = False
+        #: SQLite: whether this unit's commit is written but not flushed (``store.group_commit``).
+        self._flush_after = False
         #: Whether the commit round trip asked whether anyone listens (see ``_end_postgres``).
         self._asked = False
         self.tx: Tx
@@ -210,6 +215,9 @@ class UnitOfWork:
         try:
             if dialect.name == "sqlite":
                 if not self._read_only:
+                    # Before the gate: a connection is switched once, and this unit's commit then
+                    # leaves the flush to ``__exit__``, after the gate (``store.group_commit``).
+                    self._flush_after = group_commit.relaxed(connection.dbapi_connection, connection.info)
                     self._gate = _WriterGate.enter(self._engine)
                 tx = Tx(connection, dialect)
                 tx.begin(SQLITE_BEGIN["DEFERRED" if self._read_only else "IMMEDIATE"])
@@ -266,7 +274,8 @@ class UnitOfWork:
             self._gate = None
 
     def commit(self) -> None:
-        """Make the work durable (``synchronous=FULL`` on SQLite: durable on return)."""
+        """Commit the work; it is durable once the unit has ended (SQLite: flushed by ``__exit__``, after
+        the writer gate, :mod:`~admission_plane.store.group_commit`)."""
         if self._engine.dialect.name == "postgresql":
             if self._open:
                 # NOTIFY is delivered by the server only if, and when, the transaction commits.
@@ -325,6 +334,10 @@ class UnitOfWork:
             # The transaction is over: let the next writer in before the pool return.
             self._leave_gate()
             self._release(self._connection, lost=lost)
+        if self._committed and self._flush_after:
+            # Outside the gate, so that the next writer's work and this flush overlap; before the
+            # operation returns, so that what returned is durable.
+            group_commit.make_durable(self._engine.url.database or "")
 
 
 class _WriterGate:

@@ -1,0 +1,105 @@
+"""SQLite group commit: a writing unit writes its commit under the writer gate and waits for the disk after it.
+
+With ``synchronous=FULL`` an SQLite commit in WAL mode appends the transaction's frames to the
+``-wal`` file and then ``fsync``\\ s it, all under the database's write lock, which this library's
+writers hold through the writer gate (:class:`~admission_plane.store.unit_of_work.UnitOfWork`). The
+flush is about two thirds of a writing unit's hold of the gate on an ordinary disk, and no other
+writer may begin meanwhile: with several processes on one file, the disk's flushes were the queue.
+
+A unit of work's writing transaction therefore commits with ``synchronous=NORMAL`` (the frames are
+written, not flushed), leaves the gate, and only then flushes the ``-wal`` file with ``fdatasync``,
+before the operation returns to its caller. Writers flush side by side, each while the next holds
+the gate, and the file system serves concurrent flushes of one file together.
+
+Why the caller's guarantee is the one ``FULL`` gives, *an operation that returned is durable*:
+
+* ``fdatasync`` on any descriptor of the ``-wal`` file flushes every frame written to it so far,
+  the unit's own commit and every commit before it;
+* SQLite replays the ``-wal`` file after a crash only up to the first frame whose cumulative
+  checksum fails, so what survives a power loss is a prefix of the commits, never a later commit
+  without an earlier one;
+* frames leave the ``-wal`` file only by a checkpoint, which (``NORMAL`` as ``FULL``) flushes the
+  ``-wal`` file before it copies the frames and the database file after; a ``-wal`` file missing
+  when the unit flushes was checkpointed and removed, so the unit's frames are in the flushed
+  database file.
+
+What differs: another connection may *read* a commit in the moment between its write and its flush.
+If the machine loses power in that moment, the commit and the processes that read it are lost
+together (SQLite serves one machine), and whatever a reader does that must outlive a power loss it
+does by a commit of its own (an admission, a dispatch intent), whose flush covers the commit it read.
+So no turn is dispatched on a state that a power loss can take back: the dispatch intent is flushed
+before :meth:`~admission_plane.AdmissionPlane.commit_dispatch_intent` returns.
+
+Only a connection whose database is in WAL mode is relaxed (``journal_mode=WAL`` may be refused, by a
+file system without shared memory for instance; a rollback journal keeps ``FULL``). Every transaction
+begun through a SQLAlchemy ``Connection`` (migrations, the operator's reads and writes outside the hot
+path) puts its connection back to ``FULL`` first (:func:`strict`), so only the unit of work flushes
+by itself.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import MutableMapping
+from typing import Any
+
+from ..errors import AdmissionDatabaseError
+
+#: The pooled connection's ``info`` key saying its database is in WAL mode (set when it connects).
+WAL_INFO = "admission_plane.wal"
+#: The pooled connection's ``info`` key holding its current ``synchronous`` setting.
+SYNCHRONOUS_INFO = "admission_plane.synchronous"
+RELAXED, STRICT = "NORMAL", "FULL"
+
+
+def relaxed(dbapi_connection: Any, info: MutableMapping[Any, Any]) -> bool:
+    """Put the connection in ``synchronous=NORMAL`` if its database is in WAL mode; whether it now is
+    (then a committed unit must call :func:`make_durable` before it returns). Outside a transaction."""
+    if not info.get(WAL_INFO):
+        return False
+    if info.get(SYNCHRONOUS_INFO) != RELAXED:
+        dbapi_connection.execute(f"PRAGMA synchronous = {RELAXED}")
+        info[SYNCHRONOUS_INFO] = RELAXED
+    return True
+
+
+def strict(execute: Any, info: MutableMapping[Any, Any]) -> None:
+    """Put the connection back in ``synchronous=FULL`` (every commit flushed by SQLite itself), if a unit
+    of work relaxed it; ``execute`` runs one statement on it. Outside a transaction."""
+    if info.get(SYNCHRONOUS_INFO) == RELAXED:
+        execute(f"PRAGMA synchronous = {STRICT}")
+        info[SYNCHRONOUS_INFO] = STRICT
+
+
+def wal_path(database: str) -> str:
+    """The ``-wal`` file of the SQLite database file ``database``."""
+    return f"{database}-wal"
+
+
+def make_durable(database: str) -> None:
+    """Flush the ``-wal`` file of ``database`` (every commit written to it so far).
+
+    Raises :class:`AdmissionDatabaseError` if the flush fails: the commit happened, but it may not
+    survive a power loss, and the operation must not be reported as durable.
+    """
+    try:
+        fd = os.open(wal_path(database), os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # links followed, as SQLite does
+    except FileNotFoundError:
+        return  # checkpointed and removed: its frames are in the database file, flushed by the checkpoint
+    except OSError as error:
+        raise _not_durable(error) from None
+    try:
+        os.fdatasync(fd)
+    except OSError as error:
+        raise _not_durable(error) from None
+    finally:
+        os.close(fd)
+
+
+def _not_durable(error: OSError) -> AdmissionDatabaseError:
+    reason = errno.errorcode.get(error.errno or 0, "unknown error")
+    return AdmissionDatabaseError(
+        f"database error: the commit was written but flushing the SQLite -wal file failed ({reason}); "
+        "it may not survive a power loss"
+    )

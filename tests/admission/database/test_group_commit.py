@@ -1,0 +1,163 @@
+"""SQLite group commit (``admission_plane.store.group_commit``): a writing unit commits under the writer gate
+with ``synchronous=NORMAL`` and flushes the ``-wal`` file after leaving it, before the operation returns.
+
+The flush is observed by wrapping ``os.fdatasync`` around the real call (the real file, the real gate, the real
+flush): what the wrapper sees at that moment (is the gate free, is the commit visible to another connection) is
+what the ordering promises. A failing disk is the one thing that cannot run here: the last tests make the real call
+fail in its place and say so.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import sqlite3
+from collections.abc import Callable
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+from planes import enqueue
+from sqlalchemy import text
+
+from admission_plane import AdmissionDatabaseError, AdmissionPlane
+from admission_plane.store import group_commit
+from admission_plane.store.engine import writer_lock_path
+
+SQLITE_ONLY = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+
+
+class Flushes:
+    """``os.fdatasync`` as the plane calls it, wrapped: what each call flushed and what held at that moment."""
+
+    def __init__(self, database: str, gate: str) -> None:
+        self.database, self.gate = database, gate
+        self.calls: list[dict[str, Any]] = []
+        self.fail_with: int | None = None
+        self.real: Callable[[int], None] = os.fdatasync
+
+    def __call__(self, fd: int) -> None:
+        self.calls.append(
+            {
+                "file": os.readlink(f"/proc/self/fd/{fd}"),
+                "gate_free": self._gate_free(),
+                "requests_visible": self._requests_visible(),
+            }
+        )
+        if self.fail_with is not None:
+            raise OSError(self.fail_with, os.strerror(self.fail_with))
+        self.real(fd)
+
+    def _gate_free(self) -> bool:
+        fd = os.open(self.gate, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)  # releases the probe's lock, if it got it
+        return True
+
+    def _requests_visible(self) -> list[str]:
+        with closing(sqlite3.connect(self.database)) as reader:
+            return [row[0] for row in reader.execute("SELECT request_id FROM turn_requests ORDER BY request_id")]
+
+
+@pytest.fixture
+def flushes(plane: AdmissionPlane, monkeypatch: pytest.MonkeyPatch) -> Flushes:
+    database = plane.engine.url.database
+    gate = writer_lock_path(plane.engine)
+    assert database is not None
+    assert gate is not None
+    enqueue(plane, "warm-up")  # the gate file exists, the connection is pooled
+    spy = Flushes(database, gate)
+    monkeypatch.setattr(group_commit.os, "fdatasync", spy)
+    return spy
+
+
+@SQLITE_ONLY
+def test_a_writing_operation_flushes_the_wal_once_after_the_gate_and_before_it_returns(
+    plane: AdmissionPlane, flushes: Flushes
+) -> None:
+    """One flush per writing operation, of the database's ``-wal`` file, while no writer holds the gate (it was
+    left first) and with the commit already visible to other connections; done by the time the operation returns."""
+    enqueue(plane, "request-1")
+    assert flushes.calls == [
+        {
+            "file": os.path.realpath(group_commit.wal_path(flushes.database)),
+            "gate_free": True,
+            "requests_visible": ["request-1", "warm-up"],
+        }
+    ]
+
+
+@SQLITE_ONLY
+def test_reading_operations_never_flush(plane: AdmissionPlane, flushes: Flushes) -> None:
+    """Reads commit nothing, so they flush nothing."""
+    assert plane.get_request("warm-up") is not None
+    assert plane.read_sanitized_events(after_event_seq=0, limit=10)
+    assert plane.admit_request("warm-up", 2_000, "owner-1") is not None  # a write: the one flush below
+    assert len(flushes.calls) == 1
+
+
+@SQLITE_ONLY
+def test_only_the_unit_of_work_commits_relaxed(plane: AdmissionPlane) -> None:
+    """The unit's pooled connection is left in ``synchronous=NORMAL``; any transaction begun through a SQLAlchemy
+    connection (migrations, the operator's paths) puts it back to ``FULL`` first, so SQLite flushes those itself."""
+    enqueue(plane, "request-1")
+    raw = plane.engine.raw_connection()
+    try:
+        assert raw.info[group_commit.SYNCHRONOUS_INFO] == group_commit.RELAXED
+        assert raw.dbapi_connection.execute("PRAGMA synchronous").fetchone() == (1,)
+    finally:
+        raw.close()
+    with plane.engine.connect() as connection:
+        assert connection.execute(text("PRAGMA synchronous")).scalar() == 2
+    enqueue(plane, "request-2")  # and the next unit relaxes it again
+    raw = plane.engine.raw_connection()
+    try:
+        assert raw.dbapi_connection.execute("PRAGMA synchronous").fetchone() == (1,)
+    finally:
+        raw.close()
+
+
+def test_a_connection_not_in_wal_mode_keeps_full(tmp_path: Path) -> None:
+    """With a rollback journal (``journal_mode=WAL`` refused) ``NORMAL`` would weaken a commit: nothing is relaxed."""
+    with closing(sqlite3.connect(tmp_path / "rollback.sqlite", isolation_level=None)) as connection:
+        connection.execute("PRAGMA synchronous = FULL")
+        info: dict[str, object] = {group_commit.WAL_INFO: False}
+        assert group_commit.relaxed(connection, info) is False
+        assert connection.execute("PRAGMA synchronous").fetchone() == (2,)
+        assert info == {group_commit.WAL_INFO: False}
+
+
+def test_a_missing_wal_file_needs_no_flush(tmp_path: Path) -> None:
+    """A ``-wal`` file checkpointed and removed holds nothing to flush: no error."""
+    group_commit.make_durable(str(tmp_path / "gone.sqlite"))
+
+
+def test_a_wal_path_that_is_not_a_regular_file_fails_loudly_without_blocking(tmp_path: Path) -> None:
+    """A FIFO planted at the ``-wal`` path is opened without blocking and its flush refused: the error says the
+    commit may not be durable, rather than the operation hanging or claiming durability."""
+    database = tmp_path / "planted.sqlite"
+    os.mkfifo(group_commit.wal_path(str(database)))
+    with pytest.raises(AdmissionDatabaseError, match="may not survive a power loss"):
+        group_commit.make_durable(str(database))
+
+
+@SQLITE_ONLY
+def test_a_failed_flush_fails_the_operation_but_the_commit_stands(plane: AdmissionPlane, flushes: Flushes) -> None:
+    """A disk error on the flush (simulated: ``EIO`` raised in place of the real call, a failing disk being what
+    cannot run here) reaches the caller as :class:`AdmissionDatabaseError`, not as success; the commit it could not
+    make durable stands (as after a lost connection: it happened, its durability is unknown), and the plane goes on."""
+    flushes.fail_with = errno.EIO
+    with pytest.raises(AdmissionDatabaseError, match=r"flushing the SQLite -wal file failed \(EIO\)"):
+        enqueue(plane, "request-1")
+    assert flushes.calls[-1]["requests_visible"] == ["request-1", "warm-up"]
+    flushes.fail_with = None
+    enqueue(plane, "request-2")
+    stored = plane.get_request("request-2")
+    assert stored is not None
+    assert stored.state == "queued"
