@@ -1,4 +1,6 @@
-"""SQLite group commit: a writing unit writes its commit under the writer gate and waits for the disk after it.
+"""Group commit outside the gates: a writing unit commits under its gate and waits for the disk after it.
+
+**SQLite.**
 
 With ``synchronous=FULL`` an SQLite commit in WAL mode appends the transaction's frames to the
 ``-wal`` file and then ``fsync``\\ s it, all under the database's write lock, which this library's
@@ -35,6 +37,28 @@ file system without shared memory for instance; a rollback journal keeps ``FULL`
 begun through a SQLAlchemy ``Connection`` (migrations, the operator's reads and writes outside the hot
 path) puts its connection back to ``FULL`` first (:func:`strict`), so only the unit of work flushes
 by itself.
+
+**PostgreSQL.** A unit that holds the admission gate at its commit (an admission, an enqueue, a lease unit
+that changes a count admission reads: ``Gate.ADMISSION``, ``Gate.ENQUEUE``, ``Gate.EXCLUSIVE``, an ordered
+``Gate.LEASE`` unit) held it through the commit's WAL flush: the server releases a transaction's locks
+after the flush, so every admission waited for the previous one's disk, and the server's own group commit
+could not gather them. Such a unit now commits with ``SET LOCAL synchronous_commit = off`` (the commit
+record is written, the locks released, the flush not awaited), and the same round trip then runs
+:data:`POSTGRES_FLUSH`, a transaction of one WAL record (a transactional logical-decoding message with the
+prefix ``admission_plane`` and no content) whose commit, synchronous as the session says, flushes the WAL up
+to itself, which is past the unit's commit. What the gate serialises is unchanged: the server makes a
+commit visible before it releases the transaction's locks, flush awaited or not, so the next holder of the
+gate reads everything the previous one committed. The durability argument is the one above: the WAL is
+one sequence, so a flush (and a synchronous standby's confirmation) covers every commit before it; what a
+crash takes back is a suffix, never a commit without the ones before it; a reader acts durably only by a
+commit of its own, whose flush covers what it read. Another host may read the unit's commit before its
+flush, as another connection may on SQLite.
+
+The flush needs ``EXECUTE`` on ``pg_logical_emit_message`` (PUBLIC by default; a connection checks once,
+when it opens, :func:`postgres_flush_allowed`) and session state (a connection made behind a pooler,
+``prepare_threshold=None``, is not checked); without it the unit commits synchronously under its gate, as
+before. Logical-decoding consumers that ask for messages see one empty ``admission_plane`` message per such
+commit (``pgoutput`` ignores them unless ``messages`` is on).
 """
 
 from __future__ import annotations
@@ -51,6 +75,17 @@ WAL_INFO = "admission_plane.wal"
 #: The pooled connection's ``info`` key holding its current ``synchronous`` setting.
 SYNCHRONOUS_INFO = "admission_plane.synchronous"
 RELAXED, STRICT = "NORMAL", "FULL"
+#: The pooled PostgreSQL connection's ``info`` key saying :data:`POSTGRES_FLUSH` may run on it.
+POSTGRES_FLUSH_INFO = "admission_plane.postgres_flush"
+#: Said before a gated PostgreSQL unit's ``COMMIT``: the commit releases the gate without awaiting the flush.
+POSTGRES_ASYNC = "SET LOCAL synchronous_commit = off"
+#: Run right after that ``COMMIT``, in the same round trip: a transaction that writes one WAL record, so that
+#: its commit flushes the WAL (a transaction that wrote none would not), past the unit's commit record.
+POSTGRES_FLUSH = "BEGIN; SELECT pg_logical_emit_message(true, 'admission_plane', ''); COMMIT"
+_FLUSH_ALLOWED = (
+    "SELECT has_function_privilege('pg_catalog.pg_logical_emit_message(boolean, text, text)', 'EXECUTE')"
+    " AND NOT pg_is_in_recovery()"
+)
 
 
 def relaxed(dbapi_connection: Any, info: MutableMapping[Any, Any]) -> bool:
@@ -103,3 +138,15 @@ def _not_durable(error: OSError) -> AdmissionDatabaseError:
         f"database error: the commit was written but flushing the SQLite -wal file failed ({reason}); "
         "it may not survive a power loss"
     )
+
+
+def postgres_flush_allowed(dbapi_connection: Any) -> bool:
+    """Whether this PostgreSQL connection (autocommit, idle) may run :data:`POSTGRES_FLUSH` (one round trip)."""
+    row = dbapi_connection.execute(_FLUSH_ALLOWED, prepare=False).fetchone()
+    return bool(row and row[0])
+
+
+def postgres_commit(ending: str) -> str:
+    """A gated PostgreSQL unit's ``ending`` (``[SELECT pg_notify(...);] COMMIT``), committed without awaiting the
+    flush under the gate, then flushed (:data:`POSTGRES_ASYNC`, :data:`POSTGRES_FLUSH`)."""
+    return f"{POSTGRES_ASYNC}; {ending}; {POSTGRES_FLUSH}"

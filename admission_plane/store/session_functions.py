@@ -28,6 +28,7 @@ import logging
 from typing import Any
 
 from ..states import SEAT_PHASES, START_WINDOW_PHASES, DrainState, RequestState
+from . import group_commit
 
 __all__ = ["FENCE_REFUSED", "FUNCTIONS_KEY", "INSTALL", "REQUEST_DIVERGED", "SENT_REFUSED", "install"]
 
@@ -298,6 +299,7 @@ def install(dbapi_connection: Any, record: Any) -> None:
     listener ran a query first) or one that refuses the creation is simply marked without them.
     """
     record.info[FUNCTIONS_KEY] = False
+    record.info[group_commit.POSTGRES_FLUSH_INFO] = False
     autocommit = dbapi_connection.autocommit
     if not autocommit and dbapi_connection.info.transaction_status != _IDLE:
         _LOG.debug("admission index functions not created (connection in a transaction); using statements")
@@ -310,5 +312,9 @@ def install(dbapi_connection: Any, record: Any) -> None:
         _LOG.debug("admission index functions not created (%s); using statements", type(error).__name__)
     else:
         record.info[FUNCTIONS_KEY] = True
+        try:
+            record.info[group_commit.POSTGRES_FLUSH_INFO] = group_commit.postgres_flush_allowed(dbapi_connection)
+        except dbapi_connection.Error as error:
+            _LOG.debug("gated commits flushed under their gate (%s)", type(error).__name__)
     finally:
         dbapi_connection.autocommit = autocommit

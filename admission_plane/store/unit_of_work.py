@@ -274,8 +274,9 @@ class UnitOfWork:
             self._gate = None
 
     def commit(self) -> None:
-        """Commit the work; it is durable once the unit has ended (SQLite: flushed by ``__exit__``, after
-        the writer gate, :mod:`~admission_plane.store.group_commit`)."""
+        """Commit the work; it is durable once the unit has ended. A unit under a gate awaits the flush
+        after the gate (:mod:`~admission_plane.store.group_commit`): SQLite in ``__exit__``, PostgreSQL in
+        the commit's round trip."""
         if self._engine.dialect.name == "postgresql":
             if self._open:
                 # NOTIFY is delivered by the server only if, and when, the transaction commits.
@@ -291,6 +292,12 @@ class UnitOfWork:
                         notify = f"{notify} WHERE {SOMEONE_LISTENS}"
                         self._asked = True
                     ending = f"{notify}; COMMIT"
+                if (ordered or self._gate_mode is not Gate.LEASE) and self._connection.info.get(
+                    group_commit.POSTGRES_FLUSH_INFO
+                ):
+                    # It holds the admission gate at its commit: the gate is released before the flush
+                    # is awaited, and the same round trip then flushes (``store.group_commit``).
+                    ending = group_commit.postgres_commit(ending)
                 self.tx.command("; ".join((*self.tx.closing(*gate), ending)))
                 self.tx.carried_rows()
             self._committed = True

@@ -1,5 +1,8 @@
-"""SQLite group commit (``admission_plane.store.group_commit``): a writing unit commits under the writer gate
-with ``synchronous=NORMAL`` and flushes the ``-wal`` file after leaving it, before the operation returns.
+"""Group commit outside the gates (``admission_plane.store.group_commit``).
+
+SQLite: a writing unit commits under the writer gate with ``synchronous=NORMAL`` and flushes the ``-wal`` file
+after leaving it, before the operation returns. PostgreSQL: a unit that holds the admission gate at its commit
+commits without awaiting the flush (the gate is released with the commit) and the same round trip flushes.
 
 The flush is observed by wrapping ``os.fdatasync`` around the real call (the real file, the real gate, the real
 flush): what the wrapper sees at that moment (is the gate free, is the commit visible to another connection) is
@@ -12,6 +15,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import re
 import sqlite3
 from collections.abc import Callable
 from contextlib import closing
@@ -19,13 +23,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from planes import enqueue
+from dbutil import POSTGRES_ONLY, pg_engine
+from planes import activate, dispatch_record, enqueue
 from sqlalchemy import text
 
-from admission_plane import AdmissionDatabaseError, AdmissionPlane
+from admission_plane import AdmissionDatabaseError, AdmissionPlane, LiveTurnCompletion, Policy
 from admission_plane.store import group_commit
 from admission_plane.store.engine import writer_lock_path
 
+#: No start interval: an enqueue with ``admit_as`` admits at once (on PostgreSQL, decided by the server).
+ROOMY = Policy(8, 8, 0, 1_800_000, 30_000)
 SQLITE_ONLY = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 
 
@@ -161,3 +168,112 @@ def test_a_failed_flush_fails_the_operation_but_the_commit_stands(plane: Admissi
     stored = plane.get_request("request-2")
     assert stored is not None
     assert stored.state == "queued"
+
+
+# --- PostgreSQL ----------------------------------------------------------------------------------------------
+
+
+def _inserted_then_flushed(database_url: str, between: str) -> bool:
+    """On one connection: a row committed asynchronously, the WAL position after it read at once (on a shared
+    server others write too: the position is at or past every record inserted so far, this commit's included),
+    then ``between``; whether the server has flushed its WAL that far (the WAL writer may have, on its own, by then:
+    a ``True`` without ``between`` proves nothing, a ``False`` with it disproves the flush)."""
+    with pg_engine(database_url).connect() as connection:
+        raw = connection.connection.dbapi_connection
+        assert raw is not None
+        connection.commit()
+        raw.autocommit = True
+        try:
+            raw.execute(f"CREATE TABLE IF NOT EXISTS {_LOGGED} (n int)")
+            raw.execute(f"BEGIN; {group_commit.POSTGRES_ASYNC}; INSERT INTO {_LOGGED} VALUES (1); COMMIT")
+            written = raw.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+            if between:
+                raw.execute(between)
+            return bool(raw.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", [written]).fetchone()[0])
+        finally:
+            raw.execute(f"DROP TABLE IF EXISTS {_LOGGED}")
+            raw.autocommit = False
+
+
+#: A table of the test's own (WAL-logged, unlike a temporary one), dropped again.
+_LOGGED = "group_commit_probe"
+
+
+@POSTGRES_ONLY
+def test_the_flush_transaction_flushes_the_wal_past_an_asynchronous_commit(database_url: str) -> None:
+    """What the gated unit's round trip runs after its asynchronous ``COMMIT``: once it returns, the WAL is flushed
+    at least as far as it had been written when it began, so past that commit (a transaction writing no WAL record,
+    such as ``SELECT pg_current_xact_id()`` alone, would not flush: PostgreSQL flushes at commit only a transaction
+    that wrote WAL)."""
+    assert _inserted_then_flushed(database_url, group_commit.POSTGRES_FLUSH)
+
+
+@POSTGRES_ONLY
+def test_a_gated_postgres_unit_commits_before_its_flush_and_returns_flushed(
+    make_plane: Any, database_url: str, statements: list[str]
+) -> None:
+    """An enqueue (the admission gate, shared), an admission (exclusive) and a completion that frees a seat (the
+    gate at its commit) each end their round trip with the asynchronous ``COMMIT`` then the flushing transaction;
+    when they return the WAL is flushed as far as it was written (with the asynchronous commit alone it is not,
+    until the WAL writer's next round, 200 ms by default)."""
+    plane = make_plane(policy=ROOMY)
+    enqueue(plane, "request-1")
+    lease = plane.admit_request("request-1", 1_050, plane.owner_identity.owner_instance_id)
+    assert lease is not None
+    activate(plane, lease, 1_100)
+    plane.complete_live_turn(lease, 1_300, LiveTurnCompletion("completed"))
+    ends = [sql for sql in statements if "COMMIT" in sql]
+    flushed = [sql for sql in ends if sql.endswith(group_commit.POSTGRES_FLUSH)]
+    assert len(flushed) >= 3, ends  # the enqueue's, the admission's and the completion's
+    for sql in flushed:
+        before, after = sql.split(group_commit.POSTGRES_ASYNC, 1)
+        assert not re.search(r"\bCOMMIT\b", before), "the unit's statements come before its commit"
+        assert after.index("; COMMIT") < after.index(group_commit.POSTGRES_FLUSH), "commit, then flush"
+
+
+@POSTGRES_ONLY
+def test_a_lease_unit_that_changes_no_count_commits_synchronously(
+    make_plane: Any, database_url: str, statements: list[str]
+) -> None:
+    """A start without a start interval and a dispatch intent change nothing admission counts: they commit
+    without the admission gate, nothing waits behind their flush, so they commit as before, synchronously, without
+    the extra transaction."""
+    plane = make_plane(policy=ROOMY)
+    enqueue(plane, "request-1")
+    lease = plane.admit_request("request-1", 1_050, plane.owner_identity.owner_instance_id)
+    assert lease is not None
+    statements.clear()
+    plane.mark_starting(lease, 1_100)
+    assert plane.commit_dispatch_intent(dispatch_record(plane, lease)).ok
+    ends = [sql for sql in statements if re.search(r"\bCOMMIT$", sql)]
+    assert len(ends) == 2, statements
+    assert not [sql for sql in ends if group_commit.POSTGRES_FLUSH in sql or group_commit.POSTGRES_ASYNC in sql]
+
+
+@POSTGRES_ONLY
+def test_without_the_flush_function_gated_units_commit_under_their_gate(
+    make_plane: Any, statements: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection that may not run ``pg_logical_emit_message`` (simulated: the check at connect answers no, a
+    revoked privilege on the shared test server being what cannot be set up here) commits every unit synchronously,
+    and the plane works as before."""
+    monkeypatch.setattr(group_commit, "postgres_flush_allowed", lambda _connection: False)
+    plane = make_plane(policy=ROOMY)
+    enqueue(plane, "request-1")
+    lease = plane.admit_request("request-1", 1_050, plane.owner_identity.owner_instance_id)
+    assert lease is not None
+    assert not [sql for sql in statements if group_commit.POSTGRES_FLUSH in sql]
+    stored = plane.get_request("request-1")
+    assert stored is not None
+    assert stored.state == "admitted"
+
+
+@POSTGRES_ONLY
+def test_the_flush_function_is_allowed_on_the_test_server(database_url: str) -> None:
+    """The connect-time check answers yes where ``pg_logical_emit_message`` is executable (PUBLIC by default)."""
+    raw = pg_engine(database_url).raw_connection()
+    try:
+        raw.dbapi_connection.autocommit = True
+        assert group_commit.postgres_flush_allowed(raw.dbapi_connection) is True
+    finally:
+        raw.close()

@@ -31,7 +31,7 @@ from sqlalchemy.event import listen
 
 from admission_plane import AdmissionError, AdmissionPlane, AdmittedLease, Lane, LiveTurnCompletion, Policy
 from admission_plane.migrate import upgrade
-from admission_plane.store import session_functions
+from admission_plane.store import group_commit, session_functions
 from admission_plane.store.engine import create_admission_engine
 from admission_plane.store.statements.queue import DELETE_ENTRY, INSERT_ENTRY, QUEUE_ADD, QUEUE_REMOVE
 from admission_plane.store.tx import Scalar, Statement
@@ -175,23 +175,24 @@ def _session_characteristics(dbapi_connection: Any, mode: str) -> None:
 def test_a_connection_that_cannot_create_the_functions_is_marked_without_them_and_nothing_is_logged(
     database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """install() on a connection whose session is read-only records False in the record's info, logs nothing at
-    WARNING or above, creates nothing and gives the connection back usable as it got it; on a writable connection
-    it records True and both functions exist."""
+    """install() on a connection whose session is read-only records False in the record's info (the functions,
+    and the gated commits' flush after the gate: ``store.group_commit``), logs nothing at WARNING or above, creates
+    nothing and gives the connection back usable as it got it; on a writable connection it records True for both
+    and the functions exist."""
     caplog.set_level(logging.DEBUG)
     conninfo = libpq_url(database_url)
     with psycopg.connect(conninfo) as connection:
         _read_only(connection, None)
         record = types.SimpleNamespace(info={})
         session_functions.install(connection, record)
-        assert record.info == {session_functions.FUNCTIONS_KEY: False}
+        assert record.info == {session_functions.FUNCTIONS_KEY: False, group_commit.POSTGRES_FLUSH_INFO: False}
         assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING] == []
         assert connection.autocommit is False
         assert connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         assert temp_functions(connection) == []
         _read_write(connection, None)
         session_functions.install(connection, record)
-        assert record.info == {session_functions.FUNCTIONS_KEY: True}
+        assert record.info == {session_functions.FUNCTIONS_KEY: True, group_commit.POSTGRES_FLUSH_INFO: True}
         assert temp_functions(connection) == FUNCTIONS
 
 
@@ -204,7 +205,7 @@ def test_a_connection_already_in_a_transaction_is_marked_without_them_and_left_a
         connection.execute("SELECT 1")  # a transaction is now open
         record = types.SimpleNamespace(info={})
         session_functions.install(connection, record)
-        assert record.info == {session_functions.FUNCTIONS_KEY: False}
+        assert record.info == {session_functions.FUNCTIONS_KEY: False, group_commit.POSTGRES_FLUSH_INFO: False}
         assert connection.autocommit is False
         assert connection.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
         connection.rollback()
