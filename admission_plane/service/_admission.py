@@ -255,6 +255,7 @@ def admit_in_transaction(
     *,
     parallel: bool = False,
     sent: bool = False,
+    refused: list[Wake | Verdict | None] | None = None,
 ) -> AdmittedLease | SentLease | None:
     """Time out expired requests, then admit the rule's choice (only if it is ``only_request_id``, when given).
 
@@ -262,21 +263,16 @@ def admit_in_transaction(
     rule's first choice but one of the next ones and every request before it still finds a seat
     and a start slot (:func:`parallel_choice`). With ``sent`` (PostgreSQL with the session functions)
     the reservation travels with the commit (``admit_sent``) and the lease is known once it returned.
+    With ``refused`` (a list) and ``only_request_id``, an admission that admits nothing appends what a
+    waiter's :func:`look` would answer now, from the same reads (see :func:`_waiting.WaitHint`).
     """
     reads = read_state(ctx, tx, now, expire=True, request_id=only_request_id)
     assert reads is not None, "expire=True times out what expired"
     policy, facts, keys = reads
-    if capacity_block(tx, policy, facts, now) is not None:
-        return None
-    limits = limits_of(policy.policy)
-    choice = choose(tx, limits, facts, keys)
-    if choice is not None and only_request_id is not None and choice.request_id != only_request_id:
-        if parallel:
-            entry = facts.entry_of(tx, only_request_id)
-            choice = parallel_choice(tx, policy, limits, facts, keys, only_request_id, entry)
-        else:
-            choice = None
+    choice = _admitted_choice(tx, policy, facts, keys, now, only_request_id, parallel)
     if choice is None:
+        if refused is not None and only_request_id is not None:
+            refused.append(_answer(tx, only_request_id, now, policy, facts, keys, True, parallel))
         return None
     lease_id, request_id = str(uuid.uuid4()), choice.request_id
     returned = None
@@ -302,6 +298,28 @@ def admit_in_transaction(
     if returned is not None:
         return SentLease(lease_id, request_id, owner_instance_id, returned)
     return AdmittedLease(lease_id, request_id, generation, owner_instance_id)
+
+
+def _admitted_choice(
+    tx: Tx,
+    policy: _policy.Effective,
+    facts: Facts,
+    keys: Keys,
+    now: int,
+    only_request_id: str | None,
+    parallel: bool,
+) -> Choice | None:
+    """The request :func:`admit_in_transaction` admits from its reads, or ``None``."""
+    if capacity_block(tx, policy, facts, now) is not None:
+        return None
+    limits = limits_of(policy.policy)
+    choice = choose(tx, limits, facts, keys)
+    if choice is not None and only_request_id is not None and choice.request_id != only_request_id:
+        if not parallel:
+            return None
+        entry = facts.entry_of(tx, only_request_id)
+        return parallel_choice(tx, policy, limits, facts, keys, only_request_id, entry)
+    return choice
 
 
 def parallel_choice(
@@ -338,7 +356,20 @@ def look(
     reads = read_state(ctx, tx, now, expire=False, request_id=request_id)
     if reads is None:
         return Verdict.WRITE  # a request to time out: only a writing transaction can
-    policy, facts, keys = reads
+    return _answer(tx, request_id, now, *reads, plan_wait, parallel)
+
+
+def _answer(
+    tx: Tx,
+    request_id: str,
+    now: int,
+    policy: _policy.Effective,
+    facts: Facts,
+    keys: Keys,
+    plan_wait: bool,
+    parallel: bool,
+) -> Wake | Verdict | None:
+    """:func:`look`'s answer from reads already made (``read_state``)."""
     limits = limits_of(policy.policy)
     choice = choose(tx, limits, facts, keys)
     if choice is not None and choice.request_id == request_id:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hmac
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import attrs
 from sqlalchemy import Engine
@@ -21,11 +21,27 @@ from ..crypto import EventCorrelator, SecretKey
 from ..errors import AdmissionStateError, InvalidInputError, MissingKeyError
 from ..evidence import ConnectorIdentity
 from ..policy import Policy
-from ..store.doorbell import Doorbell, ListeningDoorbell
+from ..store.doorbell import Chimes, Doorbell, ListeningDoorbell
 from ..store.tx import Tx
 from ..store.unit_of_work import Gate, SentUnitRefused, run
 
+if TYPE_CHECKING:
+    from ._admission import Wake
+
 T = TypeVar("T")
+
+
+@attrs.frozen
+class WaitHint:
+    """What an enqueue learned when its request's admission (``admit_as``) admitted nothing, for its connector's
+    wait: what a look would have answered (``wake``) and the doorbell's counters (``seen``), both read under the
+    SQLite writer gate, so every change since rang after ``seen``. The wait starts from it instead of a look of
+    its own (:func:`admission_plane.service._waiting.wait_for_admission`)."""
+
+    request_id: str
+    owner_instance_id: str
+    seen: Chimes
+    wake: Wake
 
 
 @attrs.frozen
@@ -132,6 +148,8 @@ class PlaneContext:
         #: Whether a live turn's completion may be sent whole with its commit: its last completion read the long
         #: way had no budget reservation to settle and no soft drain pending (a hint, ``_lifecycle``).
         self.release_sent = True
+        #: The last enqueue's :class:`WaitHint` (one at most; taken by the wait for that request and owner).
+        self.wait_hint: WaitHint | None = None
         self._owns_engine = owns_engine
         self._closed = False
         self._close_lock = threading.Lock()
@@ -157,6 +175,14 @@ class PlaneContext:
             return self.run(lambda tx: sent(tx) if tx.functions else work(tx), gate=gate)
         except SentUnitRefused:
             return self.run(work, gate=gate)
+
+    def take_wait_hint(self, request_id: str, owner_instance_id: str) -> WaitHint | None:
+        """The last enqueue's wait hint if it is for ``request_id`` and ``owner_instance_id`` (it is taken either
+        way: a hint serves one wait, right after its enqueue)."""
+        hint, self.wait_hint = self.wait_hint, None
+        if hint is None or (hint.request_id, hint.owner_instance_id) != (request_id, owner_instance_id):
+            return None
+        return hint
 
     def close(self) -> None:
         """Wipe the keys, stop the doorbell and release the engine if the plane created it. Idempotent."""

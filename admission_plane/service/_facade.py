@@ -306,6 +306,10 @@ class AdmissionService(RecoveryOperations):
         no doorbell (a PostgreSQL listener still connecting) it polls the look itself with the
         same back-off.
 
+        On SQLite, a wait that follows the enqueue (``enqueue_with_payload(admit_as=...)``) whose
+        admission of the same request, for the same owner, admitted nothing starts from what that
+        enqueue found under the write lock, without a look of its own first.
+
         ``on_wait(now)`` is called after every look that did not admit (e.g. to show the
         queue position). ``now`` comes from the plane's clock. Delays that are not positive
         finite numbers, and a ``sleep`` or ``on_wait`` that cannot be called, raise

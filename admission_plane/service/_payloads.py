@@ -17,6 +17,7 @@ from ..errors import (
 )
 from ..evidence import ConnectorIdentity
 from ..states import EventKind
+from ..store.doorbell import Doorbell
 from ..store.rows import EntryRow, PayloadRow
 from ..store.statements.requests import (
     INSERT_PAYLOAD,
@@ -29,8 +30,8 @@ from ..store.tx import Tx
 from ..store.unit_of_work import Gate
 from ..values import EnqueueResult
 from . import _queue_index
-from ._admission import SentLease, admit_in_transaction, blind_applies
-from ._context import PlaneContext
+from ._admission import SentLease, Verdict, Wake, admit_in_transaction, blind_applies
+from ._context import PlaneContext, WaitHint
 from ._enqueue import ENQUEUE_GATE, Metadata, bind_owner, insert_request, require_queued, send_request
 from ._transitions import admit_sent
 
@@ -63,8 +64,12 @@ def enqueue_with_payload(
     postgres = ctx.engine.dialect.name == "postgresql"
     blind = None if admit_as is None or not postgres else blind_applies(ctx, admit_as, True)
     admit_long = admit_as if not postgres or blind is not None else None  # under a gate that admits
+    # SQLite: the doorbell is read under the writer gate, so a refused admission can hand its look to the wait.
+    bell = ctx.doorbell if isinstance(ctx.doorbell, Doorbell) else None
+    hints: list[WaitHint] = []
 
     def work(tx: Tx) -> EnqueueResult:
+        hints.clear()
         result, lane = insert_request(ctx, tx, meta, connector, now)
         if not result.existed:
             # Created by this transaction: queued, bound to ``connector`` by its insert, without a payload.
@@ -73,8 +78,12 @@ def enqueue_with_payload(
             _insert(tx, meta.request_id, sealed, fingerprint_hex, expires_at, now, entry)
             if admit_long is None:
                 return result
-            admitted = admit_in_transaction(ctx, tx, now, admit_long, meta.request_id, parallel=True)
+            refused: list[Wake | Verdict | None] | None = [] if bell is not None else None
+            admitted = admit_in_transaction(ctx, tx, now, admit_long, meta.request_id, parallel=True, refused=refused)
             assert not isinstance(admitted, SentLease), "sent=False"
+            seen = None if bell is None or not refused or not isinstance(refused[0], Wake) else bell.read()
+            if seen is not None and refused and isinstance(refused[0], Wake):
+                hints.append(WaitHint(meta.request_id, admit_long, seen, refused[0]))
             return attrs.evolve(result, admitted=admitted)
         status = require_queued(tx, meta.request_id)
         bind_owner(ctx, tx, meta.request_id, connector, now, True, status)
@@ -104,6 +113,7 @@ def enqueue_with_payload(
         result = attrs.evolve(result.enqueued, admitted=result.lease.lease_if_admitted())
     if admit_long is not None:  # tried: whether the connector's next wait should try at once (``queue_busy``)
         ctx.queue_busy = result.admitted is None
+        ctx.wait_hint = hints[0] if hints and result.admitted is None else None
     return result
 
 

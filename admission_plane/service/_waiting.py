@@ -64,15 +64,24 @@ def wait_for_admission(
     postgresql = ctx.engine.dialect.name == "postgresql"
     direct = postgresql and not ctx.queue_busy
     first = True
+    # SQLite: the enqueue that just refused this request's admission (``admit_as``) looked for us under the
+    # writer gate and read the doorbell there (``WaitHint``): start by waiting for what it found.
+    hint = ctx.take_wait_hint(request_id, owner_instance_id) if isinstance(doorbell, Doorbell) else None
+    seen: Chimes | None
+    wake: Wake | None
     try:
         while True:
-            seen = None if doorbell is None else doorbell.read()
-            now = ctx.now()
-            lease, wake = admit_request(ctx, request_id, now, owner_instance_id, direct=direct, parallel=True)
-            direct = False
-            if lease is not None:
-                ctx.queue_busy = not first
-                return lease
+            if hint is not None:
+                seen, wake, hint = hint.seen, hint.wake, None
+                now = ctx.now()
+            else:
+                seen = None if doorbell is None else doorbell.read()
+                now = ctx.now()
+                lease, wake = admit_request(ctx, request_id, now, owner_instance_id, direct=direct, parallel=True)
+                direct = False
+                if lease is not None:
+                    ctx.queue_busy = not first
+                    return lease
             first = False
             if wake is None or (deadline is not None and now >= deadline):
                 return None
