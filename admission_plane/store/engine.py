@@ -146,7 +146,7 @@ def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:
         try:
             cursor.execute("PRAGMA foreign_keys = ON")
             (journal_mode,) = cursor.execute("PRAGMA journal_mode = WAL").fetchone()
-            record.info[group_commit.WAL_INFO] = str(journal_mode).lower() == "wal"
+            record.info[group_commit.WAL_INFO] = group_commit.wal_file(dbapi_connection, journal_mode)
             cursor.execute("PRAGMA synchronous = FULL")
             record.info[group_commit.SYNCHRONOUS_INFO] = group_commit.STRICT
             cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")

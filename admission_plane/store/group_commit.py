@@ -70,7 +70,8 @@ from typing import Any
 
 from ..errors import AdmissionDatabaseError
 
-#: The pooled connection's ``info`` key saying its database is in WAL mode (set when it connects).
+#: The pooled connection's ``info`` key holding its ``-wal`` file's path, ``None`` unless its database is in WAL
+#: mode (set when it connects, from the file SQLite itself opened: :func:`wal_file`).
 WAL_INFO = "admission_plane.wal"
 #: The pooled connection's ``info`` key holding its current ``synchronous`` setting.
 SYNCHRONOUS_INFO = "admission_plane.synchronous"
@@ -88,15 +89,28 @@ _FLUSH_ALLOWED = (
 )
 
 
-def relaxed(dbapi_connection: Any, info: MutableMapping[Any, Any]) -> bool:
-    """Put the connection in ``synchronous=NORMAL`` if its database is in WAL mode; whether it now is
-    (then a committed unit must call :func:`make_durable` before it returns). Outside a transaction."""
-    if not info.get(WAL_INFO):
-        return False
+def wal_file(dbapi_connection: Any, journal_mode: object) -> str | None:
+    """The ``-wal`` file of the connection's main database as SQLite opened it (``PRAGMA database_list``: an
+    absolute path, whatever form the URL gave, ``file:`` URIs included), or ``None`` if ``journal_mode`` (what
+    ``PRAGMA journal_mode = WAL`` answered) is not ``wal`` or the database has no file."""
+    if str(journal_mode).lower() != "wal":
+        return None
+    for _seq, name, file in dbapi_connection.execute("PRAGMA database_list").fetchall():
+        if name == "main":
+            return wal_path(file) if file else None
+    return None
+
+
+def relaxed(dbapi_connection: Any, info: MutableMapping[Any, Any]) -> str | None:
+    """Put the connection in ``synchronous=NORMAL`` if its database is in WAL mode; then the ``-wal`` file a
+    committed unit must flush (:func:`make_durable`) before it returns, else ``None``. Outside a transaction."""
+    wal = info.get(WAL_INFO)
+    if not wal:
+        return None
     if info.get(SYNCHRONOUS_INFO) != RELAXED:
         dbapi_connection.execute(f"PRAGMA synchronous = {RELAXED}")
         info[SYNCHRONOUS_INFO] = RELAXED
-    return True
+    return str(wal)
 
 
 def strict(execute: Any, info: MutableMapping[Any, Any]) -> None:
@@ -112,14 +126,14 @@ def wal_path(database: str) -> str:
     return f"{database}-wal"
 
 
-def make_durable(database: str) -> None:
-    """Flush the ``-wal`` file of ``database`` (every commit written to it so far).
+def make_durable(wal: str) -> None:
+    """Flush the ``-wal`` file ``wal`` (every commit written to it so far).
 
     Raises :class:`AdmissionDatabaseError` if the flush fails: the commit happened, but it may not
     survive a power loss, and the operation must not be reported as durable.
     """
     try:
-        fd = os.open(wal_path(database), os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # links followed, as SQLite does
+        fd = os.open(wal, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # links followed, as SQLite does
     except FileNotFoundError:
         return  # checkpointed and removed: its frames are in the database file, flushed by the checkpoint
     except OSError as error:

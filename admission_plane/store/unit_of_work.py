@@ -198,8 +198,8 @@ class UnitOfWork:
         self._gate_mode = gate if gate is not None or read_only else Gate.EXCLUSIVE
         self._committed = False
         self._open = False
-        #: SQLite: whether this unit's commit is written but not flushed (``store.group_commit``).
-        self._flush_after = False
+        #: SQLite: the ``-wal`` file this unit's commit is written to but not flushed (``store.group_commit``).
+        self._flush_after: str | None = None
         #: Whether the commit round trip asked whether anyone listens (see ``_end_postgres``).
         self._asked = False
         self.tx: Tx
@@ -344,7 +344,7 @@ class UnitOfWork:
         if self._committed and self._flush_after:
             # Outside the gate, so that the next writer's work and this flush overlap; before the
             # operation returns, so that what returned is durable.
-            group_commit.make_durable(self._engine.url.database or "")
+            group_commit.make_durable(self._flush_after)
 
 
 class _WriterGate:

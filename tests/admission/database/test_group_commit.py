@@ -134,15 +134,17 @@ def test_a_connection_not_in_wal_mode_keeps_full(tmp_path: Path) -> None:
     """With a rollback journal (``journal_mode=WAL`` refused) ``NORMAL`` would weaken a commit: nothing is relaxed."""
     with closing(sqlite3.connect(tmp_path / "rollback.sqlite", isolation_level=None)) as connection:
         connection.execute("PRAGMA synchronous = FULL")
-        info: dict[str, object] = {group_commit.WAL_INFO: False}
-        assert group_commit.relaxed(connection, info) is False
+        (journal_mode,) = connection.execute("PRAGMA journal_mode = DELETE").fetchone()
+        info: dict[str, object] = {group_commit.WAL_INFO: group_commit.wal_file(connection, journal_mode)}
+        assert info == {group_commit.WAL_INFO: None}
+        assert group_commit.relaxed(connection, info) is None
         assert connection.execute("PRAGMA synchronous").fetchone() == (2,)
-        assert info == {group_commit.WAL_INFO: False}
+        assert info == {group_commit.WAL_INFO: None}
 
 
 def test_a_missing_wal_file_needs_no_flush(tmp_path: Path) -> None:
     """A ``-wal`` file checkpointed and removed holds nothing to flush: no error."""
-    group_commit.make_durable(str(tmp_path / "gone.sqlite"))
+    group_commit.make_durable(group_commit.wal_path(str(tmp_path / "gone.sqlite")))
 
 
 def test_a_wal_path_that_is_not_a_regular_file_fails_loudly_without_blocking(tmp_path: Path) -> None:
@@ -151,7 +153,7 @@ def test_a_wal_path_that_is_not_a_regular_file_fails_loudly_without_blocking(tmp
     database = tmp_path / "planted.sqlite"
     os.mkfifo(group_commit.wal_path(str(database)))
     with pytest.raises(AdmissionDatabaseError, match="may not survive a power loss"):
-        group_commit.make_durable(str(database))
+        group_commit.make_durable(group_commit.wal_path(str(database)))
 
 
 @SQLITE_ONLY
@@ -275,5 +277,24 @@ def test_the_flush_function_is_allowed_on_the_test_server(database_url: str) -> 
     try:
         raw.dbapi_connection.autocommit = True
         assert group_commit.postgres_flush_allowed(raw.dbapi_connection) is True
+    finally:
+        raw.close()
+
+
+@SQLITE_ONLY
+def test_the_flushed_file_is_the_one_sqlite_opened(
+    make_plane: Any, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``-wal`` path a unit flushes is asked of SQLite when the connection opens (``PRAGMA database_list``): an
+    absolute path even when the URL's is relative, so a later change of the working directory cannot make the
+    flush miss the file (a missing file counts as checkpointed, and would flush nothing)."""
+    folder = Path(database_url).parent
+    monkeypatch.chdir(folder)
+    plane = make_plane(database=f"sqlite:///{Path(database_url).name}")
+    raw = plane.engine.raw_connection()
+    try:
+        wal = raw.info[group_commit.WAL_INFO]
+        assert os.path.isabs(wal)
+        assert os.path.realpath(wal) == os.path.realpath(folder / f"{Path(database_url).name}-wal")
     finally:
         raw.close()
