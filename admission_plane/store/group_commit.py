@@ -57,8 +57,11 @@ flush, as another connection may on SQLite.
 The flush needs ``EXECUTE`` on ``pg_logical_emit_message`` (PUBLIC by default; a connection checks once,
 when it opens, :func:`postgres_flush_allowed`) and session state (a connection made behind a pooler,
 ``prepare_threshold=None``, is not checked); without it the unit commits synchronously under its gate, as
-before. Logical-decoding consumers that ask for messages see one empty ``admission_plane`` message per such
-commit (``pgoutput`` ignores them unless ``messages`` is on).
+before. If the flush transaction fails after the unit's commit (the connection lost, the privilege revoked
+since the connection checked), the operation raises :class:`~admission_plane.errors.AdmissionDatabaseError`
+although its unit committed, as when a connection is lost during a commit. Logical-decoding consumers that
+ask for messages see one empty ``admission_plane`` message per such commit (``pgoutput`` ignores them unless
+``messages`` is on).
 """
 
 from __future__ import annotations
