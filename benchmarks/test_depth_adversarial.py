@@ -38,7 +38,7 @@ import pytest
 from admission_plane import AdmissionPlane, Budget, KeyLimit, Lane, Policy
 from admission_plane.evidence import ConnectorIdentity
 from admission_plane.service import _admission
-from admission_plane.service._admission import Wake
+from admission_plane.service._wake import Wake
 
 from ._queue import Queued, Spec, activate_queued, bulk_queue, enqueue, index_mismatches, index_tables
 from ._support import (

@@ -23,9 +23,10 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
 from .. import _validate as v
-from ..service._admission import Wake, admit_request
+from ..service._admission import admit_request
 from ..service._context import PlaneContext
 from ..service._waiting import BEHIND_DELAY_S, LISTEN_READY_S
+from ..service._wake import Wake
 from ..store.doorbell import Chimes, Doorbell, ListeningDoorbell
 from ..values import AdmittedLease
 from ._support import maybe_await

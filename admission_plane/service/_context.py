@@ -10,7 +10,7 @@ from __future__ import annotations
 import hmac
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import attrs
 from sqlalchemy import Engine
@@ -24,9 +24,7 @@ from ..policy import Policy
 from ..store.doorbell import Chimes, Doorbell, ListeningDoorbell
 from ..store.tx import Tx
 from ..store.unit_of_work import Gate, SentUnitRefused, run
-
-if TYPE_CHECKING:
-    from ._admission import Wake
+from ._wake import Wake
 
 T = TypeVar("T")
 

@@ -30,10 +30,11 @@ from ..store.tx import Tx
 from ..store.unit_of_work import Gate
 from ..values import EnqueueResult
 from . import _queue_index
-from ._admission import SentLease, Verdict, Wake, admit_in_transaction, blind_applies
+from ._admission import SentLease, Verdict, admit_in_transaction, blind_applies
 from ._context import PlaneContext, WaitHint
 from ._enqueue import ENQUEUE_GATE, Metadata, bind_owner, insert_request, require_queued, send_request
 from ._transitions import admit_sent
+from ._wake import Wake
 
 
 def check_expiry(now: int, expires_at: int) -> None:

@@ -9,8 +9,9 @@ from collections.abc import Callable
 from .. import _validate as v
 from ..store.doorbell import Chimes, Doorbell, ListeningDoorbell
 from ..values import AdmittedLease
-from ._admission import Wake, admit_request
+from ._admission import admit_request
 from ._context import PlaneContext
+from ._wake import Wake
 
 #: With a doorbell, a waiter looks again at least this often (ms) even if nothing rang:
 #: writers that do not ring (another program on the same file) are noticed this late.

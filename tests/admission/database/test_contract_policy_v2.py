@@ -33,7 +33,7 @@ from admission_plane import (
     RequestState,
     SessionLimitError,
 )
-from admission_plane.service import _admission
+from admission_plane.service import _admission, _wake
 from admission_plane.store.doorbell import EVERYONE_STEP, Chimes
 
 OWNER = "owner-a"
@@ -305,7 +305,7 @@ def test_a_request_held_back_by_its_keys_limit_never_holds_back_another_key(
     assert lease is not None
     assert lease.request_id == "free"
     blocked = plane._ctx.run(lambda tx: _admission.look(plane._ctx, tx, "full-0", 201), read_only=True)
-    assert blocked == _admission.Wake(queue=1, seats=True, starts=True), "a full key waits for a seat or a start"
+    assert blocked == _wake.Wake(queue=1, seats=True, starts=True), "a full key waits for a seat or a start"
     assert_index_consistent(database_url)
 
 

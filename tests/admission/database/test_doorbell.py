@@ -18,7 +18,7 @@ from sqlalchemy import text
 
 from admission_plane import AdmissionPlane, InvalidInputError, KeyLimit, LiveTurnCompletion, Policy, RequestState
 from admission_plane.service import DOORBELL_FALLBACK_MS, _admission, wall_clock_ms
-from admission_plane.service._admission import Wake as _Wake
+from admission_plane.service._wake import Wake as _Wake
 from admission_plane.store.advisory import LISTENING_KEY
 from admission_plane.store.doorbell import EVERYONE_STEP, Bell, Chimes, Doorbell, ListeningDoorbell, ring
 

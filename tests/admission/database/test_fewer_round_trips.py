@@ -35,8 +35,8 @@ from admission_plane import (
     UnknownLeaseError,
 )
 from admission_plane.service import _admission
-from admission_plane.service._admission import Wake
 from admission_plane.service._selection import PAGE
+from admission_plane.service._wake import Wake
 from admission_plane.store import group_commit
 from admission_plane.store.session_functions import REQUEST_DIVERGED
 from admission_plane.store.statements.admission import FIRST_PAGE_KEYS

@@ -15,7 +15,7 @@ from planes import ONE_SEAT, Clock, activate, enqueue
 
 from admission_plane import AdmissionPlane, LiveTurnCompletion
 from admission_plane.service import _waiting
-from admission_plane.service._admission import Wake
+from admission_plane.service._wake import Wake
 from admission_plane.store.doorbell import Chimes
 
 SQLITE_ONLY = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
