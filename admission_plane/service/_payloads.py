@@ -82,9 +82,10 @@ def enqueue_with_payload(
             refused: list[Wake | Verdict | None] | None = [] if bell is not None else None
             admitted = admit_in_transaction(ctx, tx, now, admit_long, meta.request_id, parallel=True, refused=refused)
             assert not isinstance(admitted, SentLease), "sent=False"
-            seen = None if bell is None or not refused or not isinstance(refused[0], Wake) else bell.read()
-            if seen is not None and refused and isinstance(refused[0], Wake):
-                hints.append(WaitHint(meta.request_id, admit_long, seen, refused[0]))
+            wake = refused[0] if refused else None
+            seen = bell.read() if bell is not None and isinstance(wake, Wake) else None
+            if seen is not None and isinstance(wake, Wake):
+                hints.append(WaitHint(meta.request_id, admit_long, seen, wake))
             return attrs.evolve(result, admitted=admitted)
         status = require_queued(tx, meta.request_id)
         bind_owner(ctx, tx, meta.request_id, connector, now, True, status)

@@ -283,20 +283,20 @@ class UnitOfWork:
                 rings = self.tx.rings
                 ordered = self._gate_mode is Gate.LEASE and not self.tx.count_neutral
                 gate = (_LEASE_COMMIT_GATE,) if ordered else ()
+                # Whether the unit holds the admission gate (exclusive or shared) at its commit.
+                admission_gated = ordered or self._gate_mode is not Gate.LEASE
                 ending = "COMMIT"
                 if rings:
                     # Only while someone listens, which the unit may ask only under the admission gate
                     # (the doorbell's "Who is told"); a count-neutral lease unit does not hold it.
                     notify = f"SELECT pg_notify('{CHANNEL}', '{rings.payload()}')"
-                    if ordered or self._gate_mode is not Gate.LEASE:
+                    if admission_gated:
                         notify = f"{notify} WHERE {SOMEONE_LISTENS}"
                         self._asked = True
                     ending = f"{notify}; COMMIT"
-                if (ordered or self._gate_mode is not Gate.LEASE) and self._connection.info.get(
-                    group_commit.POSTGRES_FLUSH_INFO
-                ):
-                    # It holds the admission gate at its commit: the gate is released before the flush
-                    # is awaited, and the same round trip then flushes (``store.group_commit``).
+                if admission_gated and self._connection.info.get(group_commit.POSTGRES_FLUSH_INFO):
+                    # The gate is released before the flush is awaited, and the same round trip then
+                    # flushes (``store.group_commit``).
                     ending = group_commit.postgres_commit(ending)
                 self.tx.command("; ".join((*self.tx.closing(*gate), ending)))
                 self.tx.carried_rows()
