@@ -294,13 +294,16 @@ class AdmissionService(RecoveryOperations):
         it. :meth:`admit_request` keeps the original's strict rule.
 
         The wait is driven by the database's doorbell (see :mod:`admission_plane.store.doorbell`):
-        between admission looks the waiter only reads a few counters, every
-        ``initial_delay_ms`` backing off to ``max_delay_ms`` (with jitter), and looks again
+        between admission looks the waiter only reads a few counters, and looks again
         when a request ahead of it left the queue, a seat or start slot it waits for was
         freed, a time it computed (end of a cooldown or of the start interval) has come, or
         ``fallback_ms`` (default 250) have passed: lower it if programs that do not ring
-        (the original connector) free seats on the same database. Many waiters therefore
-        cost almost nothing, and a freed seat is taken within about ``initial_delay_ms``.
+        (the original connector) free seats on the same database. On SQLite under Linux, with
+        the real ``time.sleep``, the waiter sleeps on an inotify watch of the doorbell and reads
+        the counters when a ring wakes it (and at least every 50 ms, for its clock), so it takes a
+        freed seat at the ring; elsewhere (or with another ``sleep``) it reads them every
+        ``initial_delay_ms`` backing off to ``max_delay_ms`` (with jitter), and a freed seat is
+        taken within about ``initial_delay_ms``. Many waiters therefore cost almost nothing.
         On PostgreSQL the counters are pushed (``LISTEN``): the waiter blocks until a ring or
         the next moment its clock matters, and takes a freed seat at the ring. While there is
         no doorbell (a PostgreSQL listener still connecting) it polls the look itself with the

@@ -1,0 +1,266 @@
+"""SQLite waiters sleep on an inotify watch of the doorbell's file (``FileWatch``) instead of reading it every
+few milliseconds: a ring wakes them at once, from any process, and nothing else does.
+
+Real gate files, a real second process for the cross-process ring, real inotify instances. Where the watch
+is unavailable (not Linux, inotify instances used up) the waiter polls as before: that case is made by
+replacing the module's C-library handle, since using up the user's real inotify instances would disturb every
+other program of the user.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from planes import ONE_SEAT, enqueue, lease_in_phase
+
+from admission_plane import AdmissionPlane, LiveTurnCompletion
+from admission_plane.service import wall_clock_ms
+from admission_plane.store import doorbell as doorbell_module
+from admission_plane.store.doorbell import Bell, Chimes, Doorbell, FileWatch, open_gate_file, ring
+
+SQLITE_ONLY = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+LINUX_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify is Linux's")
+#: A bound on a wait that a ring ends, never reached unless the ring is lost (not a timing assertion).
+RING_BOUND_S = 30.0
+
+pytestmark = LINUX_ONLY
+
+
+def _open(path: Path) -> Doorbell:
+    bell = Doorbell.open(str(path))
+    assert bell is not None
+    return bell
+
+
+def _watch(bell: Doorbell) -> FileWatch:
+    watch = bell.watch()
+    assert watch is not None, "Linux with inotify: the doorbell can be watched"
+    return watch
+
+
+def _ring_from_another_process(path: Path) -> None:
+    code = (
+        "import sys; from admission_plane.store.doorbell import Bell, Chimes, open_gate_file, ring; "
+        "fd = open_gate_file(sys.argv[1]); ring(fd, Chimes.of(Bell.SEATS))"
+    )
+    subprocess.run([sys.executable, "-c", code, str(path)], check=True, timeout=60)
+
+
+def test_a_ring_from_another_process_wakes_the_watch(tmp_path: Path) -> None:
+    """Nothing written: the wait times out (``False``). Another process rings: the wait returns ``True``, and
+    the events are consumed, so the next wait sleeps again."""
+    bell = _open(tmp_path / "gate")
+    with _watch(bell) as watch:
+        assert watch.wait(0) is False
+        _ring_from_another_process(tmp_path / "gate")
+        assert watch.wait(RING_BOUND_S) is True
+        assert bell.read() == Chimes(0, 1, 0)
+        assert watch.wait(0) is False, "the ring was consumed"
+    bell.close()
+
+
+def test_a_ring_between_the_read_and_the_wait_is_not_lost(tmp_path: Path) -> None:
+    """The waiter reads the counters after its watch is in place; a ring that lands before it waits is pending
+    on the watch, so the wait returns at once instead of sleeping through it."""
+    bell = _open(tmp_path / "gate")
+    writer = open_gate_file(str(tmp_path / "gate"))
+    assert writer is not None
+    try:
+        with _watch(bell) as watch:
+            assert bell.read() == Chimes()
+            ring(writer, Chimes.of(Bell.QUEUE))
+            assert watch.wait(0) is True
+    finally:
+        os.close(writer)
+        bell.close()
+
+
+def test_an_empty_ring_writes_nothing_and_wakes_nobody(tmp_path: Path) -> None:
+    """A commit that changed nothing a waiter cares about rings an empty delta: no write, so no wake."""
+    bell = _open(tmp_path / "gate")
+    writer = open_gate_file(str(tmp_path / "gate"))
+    assert writer is not None
+    try:
+        with _watch(bell) as watch:
+            ring(writer, Chimes.of(0))
+            assert watch.wait(0) is False
+    finally:
+        os.close(writer)
+        bell.close()
+
+
+def test_the_watch_is_on_the_open_file_not_on_whatever_the_path_leads_to_now(tmp_path: Path) -> None:
+    """The path is replaced by another file after the doorbell opened (a hostile or careless rename): the
+    watch follows the file the doorbell reads, so writes to the new file at the path do not wake it and
+    rings on the doorbell's own file do."""
+    path = tmp_path / "gate"
+    bell = _open(path)
+    original = os.open(path, os.O_RDWR)
+    impostor = tmp_path / "impostor"
+    impostor.write_bytes(b"\0" * 24)
+    os.replace(impostor, path)
+    try:
+        with _watch(bell) as watch:
+            path.write_bytes(b"\1" * 24)
+            assert watch.wait(0) is False, "the new file at the path is not the doorbell's"
+            ring(original, Chimes.of(Bell.STARTS))
+            assert watch.wait(RING_BOUND_S) is True
+            assert bell.read() == Chimes(0, 0, 1)
+    finally:
+        os.close(original)
+        bell.close()
+
+
+class _Libc:
+    """Stands in for the C library's inotify functions (see the module docstring)."""
+
+    def __init__(self, init_fd: int, watch_descriptor: int) -> None:
+        self.init_fd, self.watch_descriptor = init_fd, watch_descriptor
+
+    def inotify_init1(self, _flags: int) -> int:
+        return self.init_fd
+
+    def inotify_add_watch(self, _fd: int, _path: bytes, _mask: int) -> int:
+        return self.watch_descriptor
+
+
+def test_no_watch_without_inotify_and_nothing_left_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No C library handle (not Linux), ``inotify_init1`` refused (the user's instances used up: ``EMFILE``),
+    ``inotify_add_watch`` refused (its descriptor is closed again), a closed doorbell: ``watch`` is ``None``."""
+    bell = _open(tmp_path / "gate")
+    monkeypatch.setattr(doorbell_module, "_LIBC", None)
+    assert bell.watch() is None
+    monkeypatch.setattr(doorbell_module, "_LIBC", _Libc(-1, 1))
+    assert bell.watch() is None
+    refused = os.open(os.devnull, os.O_RDONLY)
+    monkeypatch.setattr(doorbell_module, "_LIBC", _Libc(refused, -1))
+    assert bell.watch() is None
+    with pytest.raises(OSError):
+        os.fstat(refused)  # closed by ``watch``
+    monkeypatch.undo()
+    bell.close()
+    assert bell.watch() is None
+
+
+def test_a_watch_closes_once(tmp_path: Path) -> None:
+    """``close`` is idempotent (the context manager closes too)."""
+    bell = _open(tmp_path / "gate")
+    watch = _watch(bell)
+    with watch:
+        pass
+    watch.close()
+    bell.close()
+
+
+# --- waiting for admission ------------------------------------------------------------------------
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[bool]]:
+    """Every doorbell read (of any plane of this process) and every watch wait's answer."""
+    reads: list[int] = []
+    waits: list[bool] = []
+    read, wait = Doorbell.read, FileWatch.wait
+
+    def counted_read(self: Doorbell) -> Chimes | None:
+        reads.append(1)
+        return read(self)
+
+    def counted_wait(self: FileWatch, timeout_s: float) -> bool:
+        woken = wait(self, timeout_s)
+        waits.append(woken)
+        return woken
+
+    monkeypatch.setattr(Doorbell, "read", counted_read)
+    monkeypatch.setattr(FileWatch, "wait", counted_wait)
+    return reads, waits
+
+
+def _wait_in_thread(plane: AdmissionPlane, request_id: str, **options: Any) -> tuple[threading.Thread, list[Any]]:
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(plane.wait_for_admission(request_id, "me", **options))
+        except BaseException as error:  # reported by the test
+            outcome.append(error)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
+
+
+@SQLITE_ONLY
+def test_a_waiter_sleeps_until_the_freed_seat_rings(
+    make_plane: Callable[..., AdmissionPlane], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the wall clock, with the real ``time.sleep``, the waiter blocks on its watch: while the seat stays
+    taken it reads the doorbell only at the clock checks (polling every ``initial_delay_ms`` of 1 ms would
+    read it hundreds of times), and the ring of the freed seat wakes it and it is admitted."""
+    reads, waits = _counting(monkeypatch)
+    plane = make_plane(policy=ONE_SEAT)
+    holder = make_plane(policy=ONE_SEAT)
+    held = lease_in_phase(holder, "active", "held", now=wall_clock_ms())
+    enqueue(plane, "mine", agent_id="b", now=wall_clock_ms())
+    thread, outcome = _wait_in_thread(plane, "mine", initial_delay_ms=1.0, fallback_ms=60_000)
+    # Four waits that timed out: the waiter is asleep on its watch (each wait lasts a clock check, 50 ms).
+    deadline = time.monotonic() + RING_BOUND_S
+    while waits.count(False) < 4 and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not outcome, f"nothing freed the seat yet: {outcome}"
+    assert waits.count(False) >= 4, "the waiter sleeps on a watch"
+    reads_asleep = len(reads)
+    holder.complete_live_turn(held, wall_clock_ms(), LiveTurnCompletion("completed"))
+    thread.join(RING_BOUND_S)
+    assert not thread.is_alive()
+    (lease,) = outcome
+    assert lease is not None
+    assert not isinstance(lease, BaseException), lease
+    assert lease.request_id == "mine"
+    assert True in waits, "woken by the ring, not by a clock check"
+    assert reads_asleep <= waits.count(False) + 2, "one read per wake, not one per millisecond"
+
+
+@SQLITE_ONLY
+def test_a_watched_wait_still_ends_at_its_timeout(
+    make_plane: Callable[..., AdmissionPlane], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing rings: the watch's clock checks end the wait at ``timeout_ms`` (``None``: not admitted)."""
+    _reads, waits = _counting(monkeypatch)
+    plane = make_plane(policy=ONE_SEAT)
+    lease_in_phase(make_plane(policy=ONE_SEAT), "active", "held", now=wall_clock_ms())
+    enqueue(plane, "mine", agent_id="b", now=wall_clock_ms())
+    assert plane.wait_for_admission("mine", "me", timeout_ms=120) is None
+    assert waits, "a watched wait"
+    assert not any(waits), "only clock checks: nothing rang"
+
+
+@SQLITE_ONLY
+def test_without_a_watch_the_waiter_polls_and_is_admitted(
+    make_plane: Callable[..., AdmissionPlane], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No inotify: the waiter reads the doorbell every step instead, and a freed seat is still taken."""
+    monkeypatch.setattr(doorbell_module, "_LIBC", None)
+    reads, waits = _counting(monkeypatch)
+    plane = make_plane(policy=ONE_SEAT)
+    holder = make_plane(policy=ONE_SEAT)
+    held = lease_in_phase(holder, "active", "held", now=wall_clock_ms())
+    enqueue(plane, "mine", agent_id="b", now=wall_clock_ms())
+    thread, outcome = _wait_in_thread(plane, "mine", initial_delay_ms=1.0, fallback_ms=60_000)
+    deadline = time.monotonic() + RING_BOUND_S
+    while len(reads) < 20 and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    holder.complete_live_turn(held, wall_clock_ms(), LiveTurnCompletion("completed"))
+    thread.join(RING_BOUND_S)
+    (lease,) = outcome
+    assert lease is not None
+    assert not isinstance(lease, BaseException), lease
+    assert lease.request_id == "mine"
+    assert not waits, "no watch"
