@@ -2,13 +2,15 @@
 
 Every waiting turn of an :class:`~admission_plane.aio.AsyncAdmissionPlane` registers a
 future and a predicate ("has what I wait for moved since I looked?") with the plane's
-:class:`AsyncBell`. On SQLite one reader task reads the doorbell's counters (a ``pread`` of
-24 bytes) every few milliseconds while anyone waits; on PostgreSQL there is no reader task:
-the listening thread hands each ring to the loop at once with ``call_soon_threadsafe``, and
-nothing else moves the counters. Only when the counters moved are the futures whose
-predicate holds resolved. A waiter's deadline is a ``call_later`` timer, not a task. So 200
-waiting turns cost one task (none on PostgreSQL), 200 futures and timers, and one counter
-read per tick (per ring on PostgreSQL).
+:class:`AsyncBell`. On SQLite under Linux the loop watches the doorbell's file while anyone
+waits (one inotify descriptor, :class:`~admission_plane.store.doorbell.FileWatch`, handed to
+``add_reader``) and reads the counters (a ``pread`` of 24 bytes) at each ring; elsewhere one
+reader task reads them every few milliseconds. On PostgreSQL there is no reader at all: the
+listening thread hands each ring to the loop at once with ``call_soon_threadsafe``, and nothing
+else moves the counters. Only when the counters moved are the futures whose predicate holds
+resolved. A waiter's deadline is a ``call_later`` timer, not a task. So 200 waiting turns cost
+one descriptor (a task where there is no watch, nothing on PostgreSQL), 200 futures and timers,
+and one counter read per ring (per tick where polled).
 
 The look itself (``admit_request``) is the sync path's, run in the plane's executor: the
 doorbell only decides *when* to look, exactly as in :mod:`admission_plane.service._waiting`.
@@ -27,7 +29,7 @@ from ..service._admission import admit_request
 from ..service._context import PlaneContext
 from ..service._waiting import BEHIND_DELAY_S, LISTEN_READY_S
 from ..service._wake import Wake
-from ..store.doorbell import Chimes, Doorbell, ListeningDoorbell
+from ..store.doorbell import Chimes, Doorbell, FileWatch, ListeningDoorbell
 from ..values import AdmittedLease
 from ._support import maybe_await
 
@@ -51,7 +53,9 @@ class AsyncBell:
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._unsubscribe: Callable[[], None] | None = None
-        self.reads = 0  # counter reads by the reader task (the benchmark reports them)
+        #: SQLite on Linux, while anyone waits: the watch of the doorbell's file the loop reads.
+        self._file_watch: FileWatch | None = None
+        self.reads = 0  # counter reads by the reader task or at rings (the benchmark reports them)
 
     def read(self) -> Chimes | None:
         """The counters now, or ``None`` without a (listening) doorbell."""
@@ -78,17 +82,22 @@ class AsyncBell:
         timer = loop.call_later(max(0.0, timeout_s), _resolve, future)
         self._waiters[future] = rung
         # PostgreSQL: the listening thread's rings call ``_check`` (``_bind``); reading between them finds nothing new.
-        if not isinstance(self._doorbell, ListeningDoorbell) and (self._task is None or self._task.done()):
+        polled = self._task is not None and not self._task.done()
+        if not isinstance(self._doorbell, ListeningDoorbell) and self._file_watch is None and not polled:
             self._last = current
-            self._task = loop.create_task(self._watch(), name="admission-plane-aio-doorbell")
+            if not self._start_watch(loop):
+                self._task = loop.create_task(self._poll(), name="admission-plane-aio-doorbell")
         try:
             await future
         finally:
             timer.cancel()
             self._waiters.pop(future, None)
+            if not self._waiters:
+                self._stop_watch()
 
     def close(self) -> None:
-        """Stop the reader task and the PostgreSQL subscription (idempotent; waiters then time out)."""
+        """Stop the reader (task or watch) and the PostgreSQL subscription (idempotent; waiters then time out)."""
+        self._stop_watch()
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
@@ -109,7 +118,37 @@ class AsyncBell:
 
             self._unsubscribe = self._doorbell.subscribe(ring)
 
-    async def _watch(self) -> None:
+    def _start_watch(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """SQLite: have the loop call :meth:`_rung` at every ring; ``False`` where it cannot (no watch to be had,
+        a loop without ``add_reader``): the caller polls instead."""
+        doorbell = self._doorbell
+        watch = doorbell.watch() if isinstance(doorbell, Doorbell) else None
+        if watch is None:
+            return False
+        try:
+            loop.add_reader(watch.fileno(), self._rung)
+        except NotImplementedError:  # a loop without readers (Windows' proactor): poll
+            watch.close()
+            return False
+        self._file_watch = watch
+        self._check()  # the watch is in place: a ring since the waiter's read is seen now, later ones at the ring
+        return True
+
+    def _stop_watch(self) -> None:
+        watch, self._file_watch = self._file_watch, None
+        if watch is None:
+            return
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(watch.fileno())
+        watch.close()
+
+    def _rung(self) -> None:
+        watch = self._file_watch
+        if watch is not None:
+            watch.drain()
+            self._check()
+
+    async def _poll(self) -> None:
         while self._waiters:
             self._check()
             await asyncio.sleep(self._interval_s)

@@ -37,7 +37,9 @@ class AsyncAdmissionPlane:
     ``AsyncAdmissionPlane(plane)`` wraps an open plane (closing the async plane leaves it
     open); ``AsyncAdmissionPlane(database, **options)`` opens one with the options of
     :class:`~admission_plane.AdmissionPlane` and closes it in :meth:`aclose`. ``workers``
-    threads run the transactions; one doorbell reader per event loop serves every waiter.
+    threads run the transactions; one doorbell reader per event loop serves every waiter: on
+    SQLite under Linux the loop watches the doorbell's file and reads the counters at each ring,
+    elsewhere a task reads them every ``bell_interval_ms`` (default 5) while anyone waits.
     Use it as ``async with AsyncAdmissionPlane(...) as aplane:`` or call :meth:`aclose`.
     """
 

@@ -281,9 +281,17 @@ class FileWatch:
         ``timeout_s``; whether it was written."""
         if not self._poll.poll(max(0, math.ceil(timeout_s * 1000))):
             return False
-        with contextlib.suppress(BlockingIOError, InterruptedError):
-            os.read(self._fd, 4096)  # the events (what matters is that there were some); any left wake the next wait
+        self.drain()
         return True
+
+    def fileno(self) -> int:
+        """The inotify descriptor, readable once the file was written (for an event loop's ``add_reader``)."""
+        return self._fd
+
+    def drain(self) -> None:
+        """Consume the pending events (what matters is that there were some; any left make it readable again)."""
+        with contextlib.suppress(BlockingIOError, InterruptedError):
+            os.read(self._fd, 4096)
 
     def close(self) -> None:
         """Release the inotify instance (idempotent)."""

@@ -264,3 +264,78 @@ def test_without_a_watch_the_waiter_polls_and_is_admitted(
     assert not isinstance(lease, BaseException), lease
     assert lease.request_id == "mine"
     assert not waits, "no watch"
+
+
+# --- the asyncio API --------------------------------------------------------------------------------------
+
+
+def _async_wait(
+    plane: AdmissionPlane, holder: AdmissionPlane | None, held: Any, free_after_s: float
+) -> tuple[Any, int]:
+    """Wait in an event loop for ``mine`` (timeout 1 s); ``holder`` completes ``held`` after ``free_after_s``
+    (in the executor, as another connector would), unless ``holder`` is ``None``. The lease and the counter reads."""
+    import asyncio
+
+    from admission_plane.aio import AsyncAdmissionPlane
+
+    async def main() -> tuple[Any, int]:
+        async with AsyncAdmissionPlane(plane) as aplane:
+            loop = asyncio.get_running_loop()
+
+            async def free() -> None:
+                await asyncio.sleep(free_after_s)
+                assert holder is not None
+                await loop.run_in_executor(
+                    None, holder.complete_live_turn, held, wall_clock_ms(), LiveTurnCompletion("completed")
+                )
+
+            freeing = None if holder is None else asyncio.ensure_future(free())
+            lease = await aplane.wait_for_admission("mine", "me", timeout_ms=1_000)
+            if freeing is not None:
+                await freeing
+            return lease, aplane.bell.reads
+
+    return asyncio.run(main())
+
+
+@SQLITE_ONLY
+def test_an_async_waiter_reads_the_counters_only_when_they_ring(make_plane: Callable[..., AdmissionPlane]) -> None:
+    """The asyncio API on SQLite: the loop watches the doorbell's file, so a seat that stays held for the
+    whole 1 s wait costs one read each time a watch begins (after each look: the fallback looks every 250 ms)
+    and none between (the reader task read the counters every 5 ms, about 200 times)."""
+    plane = make_plane(policy=ONE_SEAT)
+    lease_in_phase(make_plane(policy=ONE_SEAT), "active", "held", now=wall_clock_ms())
+    enqueue(plane, "mine", agent_id="b", now=wall_clock_ms())
+    lease, reads = _async_wait(plane, None, None, 0)
+    assert lease is None  # the seat stayed held
+    assert reads <= 6, f"{reads} counter reads in a 1 s wait with nothing ringing"
+
+
+@SQLITE_ONLY
+def test_an_async_waiter_is_admitted_at_the_ring_of_the_freed_seat(make_plane: Callable[..., AdmissionPlane]) -> None:
+    """The seat is freed 0.2 s into the wait: the ring wakes the loop's watch and the waiter is admitted,
+    with a handful of reads, not one per 5 ms."""
+    plane = make_plane(policy=ONE_SEAT)
+    holder = make_plane(policy=ONE_SEAT)
+    held = lease_in_phase(holder, "active", "held", now=wall_clock_ms())
+    enqueue(plane, "mine", agent_id="b", now=wall_clock_ms())
+    lease, reads = _async_wait(plane, holder, held, 0.2)
+    assert lease is not None
+    assert lease.request_id == "mine"
+    assert reads <= 5, f"{reads} counter reads"
+
+
+@SQLITE_ONLY
+def test_an_async_waiter_without_a_watch_polls(
+    make_plane: Callable[..., AdmissionPlane], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No inotify: the loop's reader task reads the counters every tick instead, and a freed seat is taken."""
+    monkeypatch.setattr(doorbell_module, "_LIBC", None)
+    plane = make_plane(policy=ONE_SEAT)
+    holder = make_plane(policy=ONE_SEAT)
+    held = lease_in_phase(holder, "active", "held", now=wall_clock_ms())
+    enqueue(plane, "mine", agent_id="b", now=wall_clock_ms())
+    lease, reads = _async_wait(plane, holder, held, 0.2)
+    assert lease is not None
+    assert lease.request_id == "mine"
+    assert reads >= 10, "polled every tick while the seat was held"
