@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 
 from .. import _validate as v
-from ..store.doorbell import Chimes, Doorbell, FileWatch, ListeningDoorbell
+from ..store.doorbell import Chimes, Doorbell, ListeningDoorbell
 from ..values import AdmittedLease
 from ._admission import admit_request
 from ._context import PlaneContext
@@ -134,10 +134,9 @@ def _await_doorbell(
         return wake.rung(seen, current)
 
     if isinstance(doorbell, Doorbell) and sleep is time.sleep:
-        watch = doorbell.watch()
-        if watch is not None:
-            with watch:
-                return _watch_doorbell(ctx, doorbell, watch, rung, limit)
+        heard = doorbell.rings_heard()
+        if heard is not None:
+            return _watch_doorbell(ctx, doorbell, heard, rung, limit)
     while True:
         if listening is not None:
             # Woken by the listening thread only for a ring this waiter waits for (``wait_until``).
@@ -156,11 +155,11 @@ def _await_doorbell(
 
 
 def _watch_doorbell(
-    ctx: PlaneContext, doorbell: Doorbell, watch: FileWatch, rung: Callable[[Chimes], bool], limit: int
+    ctx: PlaneContext, doorbell: Doorbell, heard: int, rung: Callable[[Chimes], bool], limit: int
 ) -> bool:
-    """:func:`_await_doorbell` on SQLite where the gate file can be watched: read the counters (the watch is in
-    place, so a ring from now on is not missed), then sleep until the file is written, the plane's clock reaches
-    ``limit``, or :data:`LISTENING_CLOCK_CHECK_S` has passed."""
+    """:func:`_await_doorbell` on SQLite where the gate file can be watched (``Doorbell.rings_heard`` gave
+    ``heard`` before this first read, so a ring from then on is not slept through): read the counters, then
+    sleep until a ring, the plane's clock reaches ``limit``, or :data:`LISTENING_CLOCK_CHECK_S` has passed."""
     while True:
         current = doorbell.read()
         if current is None:
@@ -170,7 +169,7 @@ def _watch_doorbell(
         now = ctx.now()
         if now >= limit:
             return False
-        watch.wait(min(LISTENING_CLOCK_CHECK_S, (limit - now) / 1000))
+        heard = doorbell.await_ring(heard, min(LISTENING_CLOCK_CHECK_S, (limit - now) / 1000))
 
 
 def _jitter() -> float:

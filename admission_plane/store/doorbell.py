@@ -17,11 +17,12 @@ and runs the look again only when a counter it cares about has moved:
 * ``starts`` — a lease left the start window (``admitted``/``starting``/``dispatch_intent``).
 
 On Linux a waiter does not even read them on a timer: it sleeps on an inotify watch of the gate file
-(:class:`FileWatch`), which every ring (a ``pwrite`` of the counters) wakes, from any process, and reads
-them only then. Reading every few milliseconds cost a waiter far back in the queue up to its back-off
-(4 ms by default) to learn that the last request ahead of it had left; the queue then advanced one
-back-off at a time, and with 8 connectors on 4 seats admission, not the disk, set the pace. Where there
-is no watch (another system, the user's inotify instances used up), the waiter reads them every step.
+(:class:`FileWatch`, one per plane, shared by its waiting threads: :meth:`Doorbell.await_ring`), which
+every ring (a ``pwrite`` of the counters) wakes, from any process, and reads them only then. Reading
+every few milliseconds cost a waiter far back in the queue up to its back-off (4 ms by default) to learn
+that the last request ahead of it had left; the queue then advanced one back-off at a time, and with 8
+connectors on 4 seats admission, not the disk, set the pace. Where there is no watch (another system,
+the user's inotify instances used up), the waiter reads them every step.
 
 Changes that may reorder the whole queue (a cooldown set, a durable policy claimed, a
 drain begun or completed) add ``2**32`` to all three, which wakes every waiter.
@@ -290,7 +291,7 @@ class FileWatch:
 
     def drain(self) -> None:
         """Consume the pending events (what matters is that there were some; any left make it readable again)."""
-        with contextlib.suppress(BlockingIOError, InterruptedError):
+        with contextlib.suppress(OSError):  # none pending, or closed meanwhile (the waiter then reads ``None``)
             os.read(self._fd, 4096)
 
     def close(self) -> None:
@@ -311,13 +312,27 @@ class Doorbell:
 
     Open it with :meth:`open`, which returns ``None`` where the file cannot be opened
     (callers then poll without one). Safe to share between threads.
+
+    Threads that wait on it share one :class:`FileWatch` (:meth:`rings_heard`, :meth:`await_ring`), made at
+    the first wait and kept until :meth:`close`: a plane holds one inotify instance however many of its
+    threads wait (the user's instances are few, ``fs.inotify.max_user_instances``, and shared with every
+    other program of the user). One waiting thread at a time polls it; the others sleep on a condition that
+    it notifies at each ring.
     """
 
-    __slots__ = ("_fd", "path")
+    __slots__ = ("_fd", "_heard", "_leading", "_ring_lock", "_rung", "_shared", "path")
 
     def __init__(self, path: str, fd: int) -> None:
         self.path = path
         self._fd = fd
+        self._ring_lock = threading.Lock()
+        #: Notified when the thread polling the shared watch returns (a ring heard, or its time is up).
+        self._rung = threading.Condition(self._ring_lock)
+        self._shared: FileWatch | None = None
+        #: How many times the shared watch woke for a ring.
+        self._heard = 0
+        #: Whether a thread is polling the shared watch.
+        self._leading = False
 
     @classmethod
     def open(cls, path: str | None) -> Doorbell | None:
@@ -347,8 +362,49 @@ class Doorbell:
             return None
         return FileWatch(watch_fd)
 
+    def rings_heard(self) -> int | None:
+        """How many rings the shared watch has heard so far, or ``None`` where there is no watch to be had (see
+        :meth:`watch`; tried again at the next call). Take it *before* reading the counters, and pass it to
+        :meth:`await_ring`: a ring after it is then never slept through."""
+        with self._ring_lock:
+            if self._shared is None:
+                self._shared = self.watch()
+            return None if self._shared is None else self._heard
+
+    def await_ring(self, heard: int, timeout_s: float) -> int:
+        """Sleep until the shared watch has heard a ring since ``heard`` (what :meth:`rings_heard` or the last
+        call returned) or for ``timeout_s``; the rings heard now. Returns at once without a watch (closed)."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        with self._rung:
+            while self._heard == heard:
+                watch, remaining = self._shared, deadline - time.monotonic()
+                if watch is None or remaining <= 0:
+                    break
+                if self._leading:
+                    self._rung.wait(remaining)
+                    continue
+                self._leading = True
+                self._ring_lock.release()
+                woke = False
+                try:
+                    woke = watch.wait(remaining)
+                finally:
+                    self._ring_lock.acquire()
+                    self._leading = False
+                    if woke:
+                        self._heard += 1
+                    if self._shared is not watch:
+                        watch.close()  # the doorbell was closed while this thread polled it
+                    self._rung.notify_all()
+            return self._heard
+
     def close(self) -> None:
-        """Close the file (idempotent); :meth:`read` then returns ``None``."""
+        """Close the file and the shared watch (idempotent); :meth:`read` then returns ``None``."""
+        with self._ring_lock:
+            watch, self._shared = self._shared, None
+            if watch is not None and not self._leading:
+                watch.close()  # else the thread polling it closes it when its poll returns
+            self._rung.notify_all()
         fd, self._fd = self._fd, -1
         if fd >= 0:
             os.close(fd)

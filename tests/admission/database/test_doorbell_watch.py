@@ -160,6 +160,99 @@ def test_a_watch_closes_once(tmp_path: Path) -> None:
     bell.close()
 
 
+# --- one watch per doorbell, shared by its waiting threads ------------------------------------------------
+
+
+class _CountingLibc:
+    """The real C library, counting the inotify instances made through it."""
+
+    def __init__(self, libc: Any) -> None:
+        self.libc, self.instances = libc, 0
+
+    def inotify_init1(self, flags: int) -> int:
+        self.instances += 1
+        return int(self.libc.inotify_init1(flags))
+
+    def inotify_add_watch(self, fd: int, path: bytes, mask: int) -> int:
+        return int(self.libc.inotify_add_watch(fd, path, mask))
+
+
+def _await_in_threads(bell: Doorbell, timeouts: list[float]) -> tuple[int, list[threading.Thread], list[int]]:
+    heard = bell.rings_heard()
+    assert heard is not None
+    woke: list[int] = []
+    threads = [threading.Thread(target=lambda t=t: woke.append(bell.await_ring(heard, t))) for t in timeouts]
+    for thread in threads:
+        thread.start()
+    return heard, threads, woke
+
+
+def _until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + RING_BOUND_S
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def test_the_threads_of_a_doorbell_share_one_watch_and_all_wake_at_a_ring(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four threads wait on one doorbell: one inotify instance between them, one thread polling it, and a
+    ring from another process wakes all four."""
+    libc = _CountingLibc(doorbell_module._LIBC)
+    monkeypatch.setattr(doorbell_module, "_LIBC", libc)
+    bell = _open(tmp_path / "gate")
+    heard, threads, woke = _await_in_threads(bell, [RING_BOUND_S] * 4)
+    _until(lambda: bell._leading)
+    assert bell._leading, "one thread polls the shared watch"
+    _ring_from_another_process(tmp_path / "gate")
+    for thread in threads:
+        thread.join(RING_BOUND_S)
+    assert woke == [heard + 1] * 4
+    assert libc.instances == 1
+    assert bell.rings_heard() == heard + 1
+    assert libc.instances == 1, "kept for the next wait"
+    bell.close()
+
+
+def test_a_waiter_takes_over_the_watch_when_the_one_polling_it_gives_up(tmp_path: Path) -> None:
+    """The thread polling the shared watch has the shorter timeout: when it returns (nothing rang), the other
+    waiter polls in its place and still wakes at the ring."""
+    bell = _open(tmp_path / "gate")
+    heard, threads, woke = _await_in_threads(bell, [0.05])
+    threads[0].join(RING_BOUND_S)
+    assert woke == [heard], "timed out: nothing rang"
+    heard, threads, woke = _await_in_threads(bell, [0.05, RING_BOUND_S])
+    _until(lambda: len(woke) == 1)
+    assert woke == [heard]
+    _ring_from_another_process(tmp_path / "gate")
+    threads[1].join(RING_BOUND_S)
+    assert woke == [heard, heard + 1]
+    bell.close()
+
+
+def test_a_closed_doorbell_has_no_watch_and_its_waiters_return(tmp_path: Path) -> None:
+    """Closed while a thread polls the shared watch: that thread returns at its timeout (the watch is closed
+    then), later waits return at once, and ``rings_heard`` is ``None``."""
+    bell = _open(tmp_path / "gate")
+    heard, threads, woke = _await_in_threads(bell, [0.2])
+    _until(lambda: bell._leading)
+    bell.close()
+    threads[0].join(RING_BOUND_S)
+    assert woke == [heard]
+    assert bell.rings_heard() is None
+    assert bell.await_ring(heard, RING_BOUND_S) == heard
+
+
+def test_no_shared_watch_without_inotify(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a watch to be had, ``rings_heard`` is ``None`` (the waiter polls) and is tried again later."""
+    bell = _open(tmp_path / "gate")
+    monkeypatch.setattr(doorbell_module, "_LIBC", None)
+    assert bell.rings_heard() is None
+    monkeypatch.undo()
+    assert bell.rings_heard() == 0
+    bell.close()
+
+
 # --- waiting for admission ------------------------------------------------------------------------
 
 
