@@ -256,6 +256,24 @@ def test_no_shared_watch_without_inotify(tmp_path: Path, monkeypatch: pytest.Mon
 # --- waiting for admission ------------------------------------------------------------------------
 
 
+def _mine_behind_a_held_seat(make_plane: Callable[..., AdmissionPlane]) -> tuple[AdmissionPlane, AdmissionPlane, Any]:
+    """A one-seat plane on the wall clock whose seat ``holder`` holds (lease ``held``, active), and ``mine``
+    queued behind it for another agent: ``(plane, holder, held)``."""
+    plane = make_plane(policy=ONE_SEAT)
+    holder = make_plane(policy=ONE_SEAT)
+    held = lease_in_phase(holder, "active", "held", now=wall_clock_ms())
+    enqueue(plane, "mine", agent_id="b", now=wall_clock_ms())
+    return plane, holder, held
+
+
+def _admitted(outcome: list[Any]) -> Any:
+    """The lease a waiting thread returned (it raised nothing and was admitted)."""
+    (lease,) = outcome
+    assert lease is not None
+    assert not isinstance(lease, BaseException), lease
+    return lease
+
+
 def _counting(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[bool]]:
     """Every doorbell read (of any plane of this process) and every watch wait's answer."""
     reads: list[int] = []
@@ -298,25 +316,17 @@ def test_a_waiter_sleeps_until_the_freed_seat_rings(
     taken it reads the doorbell only at the clock checks (polling every ``initial_delay_ms`` of 1 ms would
     read it hundreds of times), and the ring of the freed seat wakes it and it is admitted."""
     reads, waits = _counting(monkeypatch)
-    plane = make_plane(policy=ONE_SEAT)
-    holder = make_plane(policy=ONE_SEAT)
-    held = lease_in_phase(holder, "active", "held", now=wall_clock_ms())
-    enqueue(plane, "mine", agent_id="b", now=wall_clock_ms())
+    plane, holder, held = _mine_behind_a_held_seat(make_plane)
     thread, outcome = _wait_in_thread(plane, "mine", initial_delay_ms=1.0, fallback_ms=60_000)
     # Four waits that timed out: the waiter is asleep on its watch (each wait lasts a clock check, 50 ms).
-    deadline = time.monotonic() + RING_BOUND_S
-    while waits.count(False) < 4 and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _until(lambda: waits.count(False) >= 4 or not thread.is_alive())
     assert not outcome, f"nothing freed the seat yet: {outcome}"
     assert waits.count(False) >= 4, "the waiter sleeps on a watch"
     reads_asleep = len(reads)
     holder.complete_live_turn(held, wall_clock_ms(), LiveTurnCompletion("completed"))
     thread.join(RING_BOUND_S)
     assert not thread.is_alive()
-    (lease,) = outcome
-    assert lease is not None
-    assert not isinstance(lease, BaseException), lease
-    assert lease.request_id == "mine"
+    assert _admitted(outcome).request_id == "mine"
     assert True in waits, "woken by the ring, not by a clock check"
     assert reads_asleep <= waits.count(False) + 2, "one read per wake, not one per millisecond"
 
@@ -327,9 +337,7 @@ def test_a_watched_wait_still_ends_at_its_timeout(
 ) -> None:
     """Nothing rings: the watch's clock checks end the wait at ``timeout_ms`` (``None``: not admitted)."""
     _reads, waits = _counting(monkeypatch)
-    plane = make_plane(policy=ONE_SEAT)
-    lease_in_phase(make_plane(policy=ONE_SEAT), "active", "held", now=wall_clock_ms())
-    enqueue(plane, "mine", agent_id="b", now=wall_clock_ms())
+    plane, _holder, _held = _mine_behind_a_held_seat(make_plane)
     assert plane.wait_for_admission("mine", "me", timeout_ms=120) is None
     assert waits, "a watched wait"
     assert not any(waits), "only clock checks: nothing rang"
@@ -342,20 +350,12 @@ def test_without_a_watch_the_waiter_polls_and_is_admitted(
     """No inotify: the waiter reads the doorbell every step instead, and a freed seat is still taken."""
     monkeypatch.setattr(doorbell_module, "_LIBC", None)
     reads, waits = _counting(monkeypatch)
-    plane = make_plane(policy=ONE_SEAT)
-    holder = make_plane(policy=ONE_SEAT)
-    held = lease_in_phase(holder, "active", "held", now=wall_clock_ms())
-    enqueue(plane, "mine", agent_id="b", now=wall_clock_ms())
+    plane, holder, held = _mine_behind_a_held_seat(make_plane)
     thread, outcome = _wait_in_thread(plane, "mine", initial_delay_ms=1.0, fallback_ms=60_000)
-    deadline = time.monotonic() + RING_BOUND_S
-    while len(reads) < 20 and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.005)
+    _until(lambda: len(reads) >= 20 or not thread.is_alive())
     holder.complete_live_turn(held, wall_clock_ms(), LiveTurnCompletion("completed"))
     thread.join(RING_BOUND_S)
-    (lease,) = outcome
-    assert lease is not None
-    assert not isinstance(lease, BaseException), lease
-    assert lease.request_id == "mine"
+    assert _admitted(outcome).request_id == "mine"
     assert not waits, "no watch"
 
 
@@ -396,9 +396,7 @@ def test_an_async_waiter_reads_the_counters_only_when_they_ring(make_plane: Call
     """The asyncio API on SQLite: the loop watches the doorbell's file, so a seat that stays held for the
     whole 1 s wait costs one read each time a watch begins (after each look: the fallback looks every 250 ms)
     and none between (the reader task read the counters every 5 ms, about 200 times)."""
-    plane = make_plane(policy=ONE_SEAT)
-    lease_in_phase(make_plane(policy=ONE_SEAT), "active", "held", now=wall_clock_ms())
-    enqueue(plane, "mine", agent_id="b", now=wall_clock_ms())
+    plane, _holder, _held = _mine_behind_a_held_seat(make_plane)
     lease, reads = _async_wait(plane, None, None, 0)
     assert lease is None  # the seat stayed held
     assert reads <= 6, f"{reads} counter reads in a 1 s wait with nothing ringing"
@@ -408,10 +406,7 @@ def test_an_async_waiter_reads_the_counters_only_when_they_ring(make_plane: Call
 def test_an_async_waiter_is_admitted_at_the_ring_of_the_freed_seat(make_plane: Callable[..., AdmissionPlane]) -> None:
     """The seat is freed 0.2 s into the wait: the ring wakes the loop's watch and the waiter is admitted,
     with a handful of reads, not one per 5 ms."""
-    plane = make_plane(policy=ONE_SEAT)
-    holder = make_plane(policy=ONE_SEAT)
-    held = lease_in_phase(holder, "active", "held", now=wall_clock_ms())
-    enqueue(plane, "mine", agent_id="b", now=wall_clock_ms())
+    plane, holder, held = _mine_behind_a_held_seat(make_plane)
     lease, reads = _async_wait(plane, holder, held, 0.2)
     assert lease is not None
     assert lease.request_id == "mine"
@@ -424,10 +419,7 @@ def test_an_async_waiter_without_a_watch_polls(
 ) -> None:
     """No inotify: the loop's reader task reads the counters every tick instead, and a freed seat is taken."""
     monkeypatch.setattr(doorbell_module, "_LIBC", None)
-    plane = make_plane(policy=ONE_SEAT)
-    holder = make_plane(policy=ONE_SEAT)
-    held = lease_in_phase(holder, "active", "held", now=wall_clock_ms())
-    enqueue(plane, "mine", agent_id="b", now=wall_clock_ms())
+    plane, holder, held = _mine_behind_a_held_seat(make_plane)
     lease, reads = _async_wait(plane, holder, held, 0.2)
     assert lease is not None
     assert lease.request_id == "mine"
