@@ -83,8 +83,7 @@ def enqueue_with_payload(
             admitted = admit_in_transaction(ctx, tx, now, admit_long, meta.request_id, parallel=True, refused=refused)
             assert not isinstance(admitted, SentLease), "sent=False"
             wake = refused[0] if refused else None
-            seen = bell.read() if bell is not None and isinstance(wake, Wake) else None
-            if seen is not None and isinstance(wake, Wake):
+            if bell is not None and isinstance(wake, Wake) and (seen := bell.read()) is not None:
                 hints.append(WaitHint(meta.request_id, admit_long, seen, wake))
             return attrs.evolve(result, admitted=admitted)
         status = require_queued(tx, meta.request_id)

@@ -125,7 +125,8 @@ def _await_doorbell(
     otherwise only at ``limit`` or after
     :data:`LISTENING_CLOCK_CHECK_S` (it used to wake every step, ``initial_delay_ms`` for a waiter
     first in line: a thousand wake-ups a second per waiting connector); otherwise it polls the
-    counters every step.
+    counters every step, or (SQLite on Linux) sleeps on the plane's watch of the gate file until a ring, the
+    plane's clock reaches ``limit``, or :data:`LISTENING_CLOCK_CHECK_S` has passed.
     """
     step = initial_delay_ms / 1000
     listening = doorbell if isinstance(doorbell, ListeningDoorbell) and sleep is time.sleep else None
@@ -133,35 +134,17 @@ def _await_doorbell(
     def rung(current: Chimes) -> bool:
         return wake.rung(seen, current)
 
-    if isinstance(doorbell, Doorbell) and sleep is time.sleep:
-        heard = doorbell.rings_heard()
-        if heard is not None:
-            return _watch_doorbell(ctx, doorbell, heard, rung, limit)
+    # SQLite on Linux: the plane's watch of the gate file (``Doorbell.rings_heard`` before the first read, so a
+    # ring from then on is never slept through); the counters are read first, then the waiter sleeps to the ring.
+    heard = doorbell.rings_heard() if isinstance(doorbell, Doorbell) and sleep is time.sleep else None
     while True:
         if listening is not None:
             # Woken by the listening thread only for a ring this waiter waits for (``wait_until``).
             current = listening.wait_until(rung, min(LISTENING_CLOCK_CHECK_S, max(0.0, (limit - ctx.now()) / 1000)))
         else:
-            sleep(step * _jitter())
+            if heard is None:
+                sleep(step * _jitter())
             current = doorbell.read()
-        if current is None:
-            return False
-        if rung(current):
-            return True
-        if ctx.now() >= limit:
-            return False
-        if not (wake.seats or wake.starts):  # not first in line: no hurry
-            step = min(step * 2, max_delay_ms / 1000)
-
-
-def _watch_doorbell(
-    ctx: PlaneContext, doorbell: Doorbell, heard: int, rung: Callable[[Chimes], bool], limit: int
-) -> bool:
-    """:func:`_await_doorbell` on SQLite where the gate file can be watched (``Doorbell.rings_heard`` gave
-    ``heard`` before this first read, so a ring from then on is not slept through): read the counters, then
-    sleep until a ring, the plane's clock reaches ``limit``, or :data:`LISTENING_CLOCK_CHECK_S` has passed."""
-    while True:
-        current = doorbell.read()
         if current is None:
             return False
         if rung(current):
@@ -169,7 +152,10 @@ def _watch_doorbell(
         now = ctx.now()
         if now >= limit:
             return False
-        heard = doorbell.await_ring(heard, min(LISTENING_CLOCK_CHECK_S, (limit - now) / 1000))
+        if isinstance(doorbell, Doorbell) and heard is not None:
+            heard = doorbell.await_ring(heard, min(LISTENING_CLOCK_CHECK_S, (limit - now) / 1000))
+        elif not (wake.seats or wake.starts):  # not first in line: no hurry
+            step = min(step * 2, max_delay_ms / 1000)
 
 
 def _jitter() -> float:

@@ -262,12 +262,12 @@ _LIBC = _inotify()
 
 class FileWatch:
     """Linux: what lets a SQLite waiter sleep until the doorbell is rung instead of reading it every few
-    milliseconds. An inotify instance of its own, watching the gate file for writes (``IN_MODIFY``): a ring
-    is a ``pwrite`` of the counters, so every ring after :meth:`Doorbell.watch` returned wakes :meth:`wait`,
-    from any process. A waiter reads the counters *after* its watch is in place and before each wait, so no
-    ring is missed between the read and the wait. Every ring wakes every watching waiter (each then reads 24
-    bytes and goes back to sleep unless what it waits for moved): a few microseconds per ring and waiter,
-    against a read every ``initial_delay_ms`` while polling, and a freed seat is seen at once.
+    milliseconds. An inotify instance watching the gate file for writes (``IN_MODIFY``): a ring is a ``pwrite``
+    of the counters, so every ring after :meth:`Doorbell.watch` returned wakes :meth:`wait`, from any process.
+    A waiter reads the counters *after* the watch is in place and before each wait, so no ring is missed
+    between the read and the wait. Every ring wakes every watching plane (each waiter then reads 24 bytes and
+    goes back to sleep unless what it waits for moved): a few microseconds per ring and waiter, against a read
+    every ``initial_delay_ms`` while polling, and a freed seat is seen at once.
     """
 
     __slots__ = ("_fd", "_poll")
@@ -299,12 +299,6 @@ class FileWatch:
         fd, self._fd = self._fd, -1
         if fd >= 0:
             os.close(fd)
-
-    def __enter__(self) -> FileWatch:
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.close()
 
 
 class Doorbell:

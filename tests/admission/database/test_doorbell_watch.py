@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ def test_a_ring_from_another_process_wakes_the_watch(tmp_path: Path) -> None:
     """Nothing written: the wait times out (``False``). Another process rings: the wait returns ``True``, and
     the events are consumed, so the next wait sleeps again."""
     bell = _open(tmp_path / "gate")
-    with _watch(bell) as watch:
+    with closing(_watch(bell)) as watch:
         assert watch.wait(0) is False
         _ring_from_another_process(tmp_path / "gate")
         assert watch.wait(RING_BOUND_S) is True
@@ -74,7 +75,7 @@ def test_a_ring_between_the_read_and_the_wait_is_not_lost(tmp_path: Path) -> Non
     writer = open_gate_file(str(tmp_path / "gate"))
     assert writer is not None
     try:
-        with _watch(bell) as watch:
+        with closing(_watch(bell)) as watch:
             assert bell.read() == Chimes()
             ring(writer, Chimes.of(Bell.QUEUE))
             assert watch.wait(0) is True
@@ -89,7 +90,7 @@ def test_an_empty_ring_writes_nothing_and_wakes_nobody(tmp_path: Path) -> None:
     writer = open_gate_file(str(tmp_path / "gate"))
     assert writer is not None
     try:
-        with _watch(bell) as watch:
+        with closing(_watch(bell)) as watch:
             ring(writer, Chimes.of(0))
             assert watch.wait(0) is False
     finally:
@@ -108,7 +109,7 @@ def test_the_watch_is_on_the_open_file_not_on_whatever_the_path_leads_to_now(tmp
     impostor.write_bytes(b"\0" * 24)
     os.replace(impostor, path)
     try:
-        with _watch(bell) as watch:
+        with closing(_watch(bell)) as watch:
             path.write_bytes(b"\1" * 24)
             assert watch.wait(0) is False, "the new file at the path is not the doorbell's"
             ring(original, Chimes.of(Bell.STARTS))
@@ -151,10 +152,10 @@ def test_no_watch_without_inotify_and_nothing_left_open(tmp_path: Path, monkeypa
 
 
 def test_a_watch_closes_once(tmp_path: Path) -> None:
-    """``close`` is idempotent (the context manager closes too)."""
+    """``close`` is idempotent."""
     bell = _open(tmp_path / "gate")
     watch = _watch(bell)
-    with watch:
+    with closing(watch):
         pass
     watch.close()
     bell.close()
