@@ -137,6 +137,7 @@ def _await_doorbell(
     # SQLite on Linux: the plane's watch of the gate file (``Doorbell.rings_heard`` before the first read, so a
     # ring from then on is never slept through); the counters are read first, then the waiter sleeps to the ring.
     heard = doorbell.rings_heard() if isinstance(doorbell, Doorbell) and sleep is time.sleep else None
+    started = time.monotonic()
     while True:
         if listening is not None:
             # Woken by the listening thread only for a ring this waiter waits for (``wait_until``).
@@ -153,9 +154,33 @@ def _await_doorbell(
         if now >= limit:
             return False
         if isinstance(doorbell, Doorbell) and heard is not None:
-            heard = doorbell.await_ring(heard, min(LISTENING_CLOCK_CHECK_S, (limit - now) / 1000))
+            nap = _nap(wake, seen, current, time.monotonic() - started, initial_delay_ms / 1000)
+            if nap:
+                # Far back in the queue: every ring would wake it for nothing (each ring wakes every watching
+                # plane), so it sleeps through about half the departures it still needs, then reads again.
+                time.sleep(min(nap, LISTENING_CLOCK_CHECK_S, (limit - now) / 1000))
+                heard = doorbell.rings_heard() or 0
+            else:
+                heard = doorbell.await_ring(heard, min(LISTENING_CLOCK_CHECK_S, (limit - now) / 1000))
         elif not (wake.seats or wake.starts):  # not first in line: no hurry
             step = min(step * 2, max_delay_ms / 1000)
+
+
+def _nap(wake: Wake, seen: Chimes, current: Chimes, elapsed_s: float, step_s: float) -> float:
+    """How long a watching waiter sleeps before it reads the counters again instead of waking at the next ring
+    (seconds; 0: wait for the ring). Only a waiter for departures alone that needs two or more still naps:
+    half the time the departures it needs but one would take at the rate seen since it began to wait (before
+    it saw any, at least the time waited so far, or ``step_s``), so it naps less as its turn nears and
+    watches for the last."""
+    if wake.seats or wake.starts or wake.at is not None:
+        return 0.0
+    moved = current.since(seen).queue
+    remaining = wake.queue - moved
+    if remaining < 2:
+        return 0.0
+    # None left yet: the time waited so far is a lower bound on the interval, so the naps grow while the queue stands.
+    interval = elapsed_s / moved if moved else max(elapsed_s, step_s)
+    return (remaining - 1) * interval / 2
 
 
 def _jitter() -> float:

@@ -23,7 +23,8 @@ import pytest
 from planes import ONE_SEAT, enqueue, lease_in_phase
 
 from admission_plane import AdmissionPlane, LiveTurnCompletion
-from admission_plane.service import wall_clock_ms
+from admission_plane.service import _waiting, wall_clock_ms
+from admission_plane.service._wake import Wake
 from admission_plane.store import doorbell as doorbell_module
 from admission_plane.store.doorbell import Bell, Chimes, Doorbell, FileWatch, open_gate_file, ring
 
@@ -425,3 +426,46 @@ def test_an_async_waiter_without_a_watch_polls(
     assert lease is not None
     assert lease.request_id == "mine"
     assert reads >= 10, "polled every tick while the seat was held"
+
+
+# --- far back in the queue: naps instead of a wake at every ring ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("wake", "moved", "elapsed_s", "nap_s"),
+    [
+        (Wake(queue=1), 0, 0.0, 0.0),  # one departure away: watch for it
+        (Wake(queue=5), 4, 0.02, 0.0),  # one left
+        (Wake(queue=1, seats=True), 0, 0.0, 0.0),  # a freed seat: watch
+        (Wake(queue=3, starts=True), 0, 0.0, 0.0),
+        (Wake(queue=3, at=5_000), 0, 0.0, 0.0),  # a time it computed: watch, and wake for the clock
+        (Wake(queue=5), 2, 0.01, 0.005),  # 3 to go at 5 ms each: half of the 2 before the last
+        (Wake(queue=3), 0, 0.0, 0.001),  # none left yet, no time waited: the step (1 ms) per departure
+        (Wake(queue=3), 0, 0.04, 0.04),  # none left in 40 ms: at least 40 ms per departure
+    ],
+)
+def test_a_waiter_naps_through_half_the_departures_it_still_needs_but_one(
+    wake: Wake, moved: int, elapsed_s: float, nap_s: float
+) -> None:
+    """``_nap``: only a waiter for departures alone, two or more away, naps; for half the time the departures
+    it needs but one would take at the rate seen (or, none seen, at least the time waited so far)."""
+    seen = Chimes(10, 20, 30)
+    current = seen.plus(Chimes(moved, 7, 7))
+    assert _waiting._nap(wake, seen, current, elapsed_s, 0.001) == pytest.approx(nap_s)
+
+
+@SQLITE_ONLY
+@pytest.mark.parametrize(("ahead", "watched"), [(3, False), (1, True)])
+def test_only_a_waiter_near_its_turn_watches_for_rings(
+    make_plane: Callable[..., AdmissionPlane], monkeypatch: pytest.MonkeyPatch, ahead: int, watched: bool
+) -> None:
+    """Behind ``ahead`` idle agents on a held seat, with nothing ringing for 0.3 s: three ahead, the waiter naps
+    (no wait on the watch, so the rings of other waiters' turns would not wake it); one ahead, it watches."""
+    _reads, waits = _counting(monkeypatch)
+    plane, _holder, _held = _mine_behind_a_held_seat(make_plane)
+    plane.cancel_queued("mine", wall_clock_ms())
+    for index in range(ahead):
+        enqueue(plane, f"ahead-{index}", agent_id=f"agent-{index}", now=wall_clock_ms())
+    enqueue(plane, "late", agent_id="b", now=wall_clock_ms())
+    assert plane.wait_for_admission("late", "me", timeout_ms=300) is None
+    assert bool(waits) is watched
