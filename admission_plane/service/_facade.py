@@ -301,9 +301,11 @@ class AdmissionService(RecoveryOperations):
         (the original connector) free seats on the same database. On SQLite under Linux, with
         the real ``time.sleep``, the waiter sleeps on an inotify watch of the doorbell and reads
         the counters when a ring wakes it (and at least every 50 ms, for its clock), so it takes a
-        freed seat at the ring; elsewhere (or with another ``sleep``) it reads them every
-        ``initial_delay_ms`` backing off to ``max_delay_ms`` (with jitter), and a freed seat is
-        taken within about ``initial_delay_ms``. Many waiters therefore cost almost nothing.
+        freed seat at the ring (two or more departures from its turn, it naps between reads
+        instead, for half the time they would take at the rate it has seen); elsewhere (or with
+        another ``sleep``) it reads them every ``initial_delay_ms`` backing off to
+        ``max_delay_ms`` (with jitter), and a freed seat is taken within about
+        ``initial_delay_ms``. Many waiters therefore cost almost nothing.
         On PostgreSQL the counters are pushed (``LISTEN``): the waiter blocks until a ring or
         the next moment its clock matters, and takes a freed seat at the ring. While there is
         no doorbell (a PostgreSQL listener still connecting) it polls the look itself with the

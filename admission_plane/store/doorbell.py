@@ -21,8 +21,9 @@ On Linux a waiter does not even read them on a timer: it sleeps on an inotify wa
 every ring (a ``pwrite`` of the counters) wakes, from any process, and reads them only then. Reading
 every few milliseconds cost a waiter far back in the queue up to its back-off (4 ms by default) to learn
 that the last request ahead of it had left; the queue then advanced one back-off at a time, and with 8
-connectors on 4 seats admission, not the disk, set the pace. Where there is no watch (another system,
-the user's inotify instances used up), the waiter reads them every step.
+connectors on 4 seats admission, not the disk, set the pace. Every ring wakes every watching plane, so a
+waiter two or more departures from its turn naps between reads instead (``service._waiting._nap``). Where
+there is no watch (another system, the user's inotify instances used up), the waiter reads them every step.
 
 Changes that may reorder the whole queue (a cooldown set, a durable policy claimed, a
 drain begun or completed) add ``2**32`` to all three, which wakes every waiter.
