@@ -15,6 +15,7 @@ the query is defined, so no caller ever reads a row by position.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Mapping
@@ -141,6 +142,36 @@ def plain_literal(value: object) -> str | None:
     return None
 
 
+def plain_literals(values: list[Any]) -> list[str] | None:
+    """``[plain_literal(value) for value in values]``, or ``None`` as soon as one value has no plain literal.
+
+    The hot path of every PostgreSQL commit (:meth:`Tx.closing` writes about thirty values a unit): text and
+    integers of their exact types are written here without a call per value; every other value goes through
+    :func:`plain_literal`, so the two always agree."""
+    literals: list[str] = []
+    append = literals.append
+    for value in values:
+        kind = type(value)
+        if kind is str:
+            if "\\" in value or "\0" in value:
+                return None
+            append("'" + (value.replace("'", "''") if "'" in value else value) + "'")
+        elif kind is int:
+            append(str(value) if value >= 0 else f" {value}")
+        else:
+            literal = plain_literal(value)
+            if literal is None:
+                return None
+            append(literal)
+    return literals
+
+
+@functools.lru_cache(maxsize=1024)
+def _execute_text(name: str, parameters: int) -> str:
+    """``EXECUTE name(%s, ...)`` for a statement prepared by name with ``parameters`` parameters."""
+    return f"EXECUTE {name}({', '.join(['%s'] * parameters)})" if parameters else f"EXECUTE {name}"
+
+
 class Returned:
     """The first row of a statement sent with :meth:`Tx.send_returning`, once the round trip that ran it is over
     (``row``: ``None`` when it returned none; ``ran``: whether it has run)."""
@@ -242,8 +273,28 @@ class Tx:
     def command(self, sql: str) -> None:
         """PostgreSQL: run constant, parameterless SQL text, several statements at once (``BEGIN;
         SELECT pg_advisory_xact_lock(...)``), in one round trip of the simple query protocol."""
+        self._simple(sql)
+
+    def _simple(self, sql: str) -> Any:
+        """PostgreSQL: run ``sql`` (several statements, values as literals) in one round trip of the simple
+        query protocol, past psycopg's cache of statements to prepare; return the cursor.
+
+        Why past the cache: the text holds this unit's values, so it is new every time, and psycopg would
+        still count it in its cache and read every statement's result for a ``ROLLBACK`` that could drop its
+        prepared statements (about 6 % of a connector's CPU). Neither can matter here: no text of the plane
+        holds ``ROLLBACK``, ``DROP``, ``ALTER``, ``DISCARD`` or ``DEALLOCATE``, and a statement that fails
+        ends the round trip there (the rest, ``COMMIT`` included, never runs), after which the unit rolls
+        back through the driver's ``rollback``, which forgets the prepared statements as before
+        (:meth:`forget_prepared`)."""
         cursor: Any = self._cursor
-        cursor.execute(sql, prepare=False)
+        raw: Any = cursor.connection
+        threshold = raw.prepare_threshold
+        raw.prepare_threshold = None  # the cache is skipped while it is off (psycopg's PrepareManager)
+        try:
+            cursor.execute(sql, prepare=False)
+        finally:
+            raw.prepare_threshold = threshold
+        return cursor
 
     def _run(self, statement: Statement, params: Mapping[str, Any] | None) -> DBAPICursor:
         if self._pending:
@@ -256,12 +307,12 @@ class Tx:
             (opening, results), self._opening = self._opening, None
             prepared = self._prepared(sql)
             if prepared is None:  # no session state to rely on, or a statement the server cannot prepare alone
-                cursor.execute(opening, prepare=False)
+                self._simple(opening)
             else:
                 name, names = prepared
                 values = [(params or {})[each] for each in names]
                 arguments = self._literals([(f"({', '.join(['%s'] * len(names))})", values)])[0] if names else ""
-                cursor.execute(f"{opening}; EXECUTE {name}{arguments}", prepare=False)
+                self._simple(f"{opening}; EXECUTE {name}{arguments}")
                 for _ in range(results):  # to the statement's own result
                     cursor.nextset()
                 return cursor  # type: ignore[no-any-return]
@@ -358,8 +409,7 @@ class Tx:
                 self._unprepared.append(sql)
             elif prepared is not None:
                 name, names = prepared
-                arguments = f"({', '.join(['%s'] * len(names))})" if names else ""
-                texts.append((f"EXECUTE {name}{arguments}", [values[each] for each in names]))
+                texts.append((_execute_text(name, len(names)), [values[each] for each in names]))
                 continue
             # Each value in parentheses: a negative number's literal followed by the compiled cast
             # (``-9223372036854775808::BIGINT``) would otherwise cast before negating, out of range.
@@ -430,8 +480,8 @@ class Tx:
         commit carries); the rest are quoted by the driver (``ClientCursor.mogrify``)."""
         texts: list[str | None] = []
         for sql, values in statements:
-            literals = [plain_literal(value) for value in values] if isinstance(values, list) else [None]
-            texts.append(None if None in literals else sql % tuple(literals))
+            literals = plain_literals(values) if isinstance(values, list) else None
+            texts.append(None if literals is None else sql % tuple(literals))
         if None not in texts:
             return texts  # type: ignore[return-value]
         from psycopg import ClientCursor  # only PostgreSQL units hold statements back

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from admission_plane.states import RequestState
-from admission_plane.store.tx import plain_literal
+from admission_plane.store.tx import plain_literal, plain_literals
 
 VALUES = st.one_of(
     st.none(),
@@ -70,3 +70,12 @@ def test_a_plain_literal_is_the_drivers_and_reads_back_as_the_value(raw: Any, va
         assert int(read) == int(value)
     else:
         assert read == str.__str__(value)  # type: ignore[arg-type]
+
+
+@settings(max_examples=400, deadline=None)
+@given(values=st.lists(VALUES, max_size=8))
+def test_plain_literals_are_plain_literal_of_each_value(values: list[object]) -> None:
+    """The commit's fast path writes each value exactly as ``plain_literal`` does, and leaves the whole
+    statement to the driver (``None``) as soon as one value has no plain literal."""
+    each = [plain_literal(value) for value in values]
+    assert plain_literals(values) == (None if None in each else each)
