@@ -40,7 +40,7 @@ from sqlalchemy.exc import ArgumentError, DisconnectionError, NoSuchModuleError
 
 from .. import _validate as v
 from ..errors import InvalidInputError
-from . import group_commit, session_functions
+from . import group_commit, parking, session_functions
 
 #: The environment variable naming the database when no URL is given (CLI, ``alembic``).
 DATABASE_URL_VARIABLE = "ADMISSION_PLANE_DATABASE_URL"
@@ -123,6 +123,9 @@ def create_admission_engine(
     engine = _create_engine(parsed, connect_args=connect_args, **engine_options)
     if not engine_options.get("pool_pre_ping"):
         _install_idle_ping(engine)
+        # SQLAlchemy's QueuePool defaults: 5 connections and 10 more on demand.
+        size, overflow = engine_options.get("pool_size", 5), engine_options.get("max_overflow", 10)
+        parking.enable(engine, PING_AFTER_IDLE_S, size, overflow)
     if connect_args["prepare_threshold"] is not None:  # None: behind a pooler, no session state
         event.listen(engine, "connect", session_functions.install)
     return engine
@@ -171,7 +174,8 @@ def _install_idle_ping(engine: Engine) -> None:
 
     @event.listens_for(engine, "checkin")
     def _on_checkin(_dbapi_connection: Any, record: Any) -> None:
-        record.info["idle_since"] = time.monotonic()
+        kept_since = record.info.pop(parking.KEPT_SINCE, None)  # idle since a unit kept it (store.parking)
+        record.info["idle_since"] = time.monotonic() if kept_since is None else kept_since
 
     @event.listens_for(engine, "checkout")
     def _on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:

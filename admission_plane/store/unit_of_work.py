@@ -113,6 +113,7 @@ from .advisory import ADVISORY_LOCK_KEY, DRAIN_LOCK_KEY, LEASE_LOCK_KEY, START_L
 from .doorbell import CHANNEL, RELEASE_ASKED, SOMEONE_LISTENS, Chimes, open_gate_file, ring
 from .engine import SQLITE_BEGIN, writer_lock_path
 from .failures import CONNECTION_LOST, connection_lost, driver_message
+from .parking import Parking, give_back, parking_for
 from .session_functions import FENCE_REFUSED, REQUEST_DIVERGED, SENT_REFUSED
 from .tx import Statement, Tx
 
@@ -205,13 +206,21 @@ class UnitOfWork:
         self.tx: Tx
         #: Whether the transaction ended because the database connection was lost (it was discarded).
         self.connection_lost = False
+        #: PostgreSQL: where this unit may keep its connection for the next (:mod:`.parking`), and the pool
+        #: the connection came from.
+        self._parking: Parking | None = None
+        self._pool: Any = None
 
     def __enter__(self) -> UnitOfWork:
         dialect = self._engine.dialect
         self._gate = None
         # Pool checkout and return happen outside the writer gate: the gate is held only
         # from just before ``BEGIN IMMEDIATE`` until the transaction has ended.
-        connection = self._engine.raw_connection()
+        self._parking = parking_for(self._engine)
+        self._pool = self._engine.pool  # a kept connection is one of this pool's (Parking.take)
+        connection = None if self._parking is None else self._parking.take()
+        if connection is None:
+            connection = self._engine.raw_connection()
         try:
             if dialect.name == "sqlite":
                 if not self._read_only:
@@ -236,7 +245,8 @@ class UnitOfWork:
     def _begin_postgres(self, connection: PoolProxiedConnection, dialect: Any) -> Tx:
         """Autocommit on the driver connection; a writing or gated unit opens its transaction with the gate."""
         raw: Any = connection.dbapi_connection
-        raw.autocommit = True
+        if not raw.autocommit:  # a kept connection (store.parking) is in autocommit already
+            raw.autocommit = True
         if self._gate_mode is None:
             return Tx(connection, dialect)  # read-only: each statement is its own snapshot anyway
         shared = self._gate_mode is Gate.LEASE or self._gate_mode is Gate.ENQUEUE
@@ -246,27 +256,33 @@ class UnitOfWork:
         self._open = True
         return tx
 
-    def _end_postgres(self, connection: PoolProxiedConnection) -> None:
-        """Roll back what is still open, and give the driver connection back as the pool lent it."""
+    def _end_postgres(self, connection: PoolProxiedConnection) -> bool:
+        """Roll back what is still open; whether the driver connection is now idle (it may be kept)."""
         raw: Any = connection.dbapi_connection
         if raw is None or raw.closed:
-            return
+            return False
         if raw.pgconn.transaction_status != _IDLE:
             if self._asked:  # the commit failed, perhaps between taking the listeners' lock and releasing it
                 raw.execute(f"ROLLBACK; {RELEASE_ASKED}", prepare=False)  # one round trip
             else:
                 raw.rollback()
             Tx.forget_prepared(connection.info)
-        raw.autocommit = False
+        return True
 
-    def _release(self, connection: PoolProxiedConnection, *, lost: bool) -> None:
-        """Return ``connection`` to the pool, or discard it when it was ``lost``: the pool would try
-        to roll a dead connection back and print that failure's traceback to stderr."""
+    def _release(self, connection: PoolProxiedConnection, *, lost: bool, idle: bool = False) -> None:
+        """Keep an ``idle`` PostgreSQL ``connection`` for the next unit (:mod:`.parking`) or return it to the
+        pool, or discard it when it was ``lost``: the pool would try to roll a dead connection back and print
+        that failure's traceback to stderr."""
         if lost:
             self.connection_lost = True
             connection.invalidate()
             return
-        connection.close()  # back to the pool (which resets it again on return)
+        if idle and self._parking is not None and self._parking.keep(connection, self._pool):  # a QueuePool
+            return
+        if self._engine.dialect.name == "postgresql":
+            give_back(connection)  # in the mode the pool lent it (which resets it again on return)
+        else:
+            connection.close()  # back to the pool (which resets it again on return)
 
     def _leave_gate(self) -> None:
         if self._gate is not None:
@@ -325,11 +341,13 @@ class UnitOfWork:
     ) -> None:
         dialect, dbapi_connection = self._engine.dialect, self._connection.dbapi_connection
         lost = exc is not None and connection_lost(dialect, exc, dbapi_connection)
+        idle = False
         try:
             if not lost:
                 self.tx.close()
                 if dialect.name == "postgresql":
-                    self._end_postgres(self._connection)
+                    # Only a unit that ended as planned keeps its connection (store.parking).
+                    idle = self._end_postgres(self._connection) and exc is None
                 elif not self._committed:
                     self._connection.rollback()
         except dialect.loaded_dbapi.Error as error:
@@ -340,7 +358,7 @@ class UnitOfWork:
         finally:
             # The transaction is over: let the next writer in before the pool return.
             self._leave_gate()
-            self._release(self._connection, lost=lost)
+            self._release(self._connection, lost=lost, idle=idle)
         if self._committed and self._flush_after:
             # Outside the gate, so that the next writer's work and this flush overlap; before the
             # operation returns, so that what returned is durable.
