@@ -113,10 +113,9 @@ def open_sealed(key: SecretKey, request_id: str, payload: SealedPayload) -> str:
 
 
 def _domain_hmac(key: SecretKey, domain: Sequence[Any], message: str) -> str:
-    mac = hmac.new(key.material(), js_json(list(domain)).encode("utf-8"), hashlib.sha256)
-    mac.update(b"\x00")
-    mac.update(message.encode("utf-8"))
-    return mac.hexdigest()
+    # One call of the C library's HMAC over domain, zero byte, message (the same bytes as updating in turn).
+    text = js_json(list(domain)).encode("utf-8") + b"\x00" + message.encode("utf-8")
+    return hmac.digest(key.material(), text, "sha256").hex()
 
 
 class EventCorrelator:

@@ -35,6 +35,8 @@ from .session_functions import FUNCTIONS_KEY
 _LOG = logging.getLogger(__name__)
 #: Key of a pooled connection's ``info``: the statements prepared on it by name (:meth:`Tx._prepared`).
 PREPARED_KEY = "admission_plane_prepared"
+#: Key of a pooled PostgreSQL connection's ``info``: the cursor its units share (:func:`_kept_cursor`).
+CURSOR_KEY = "admission_plane_cursor"
 _GENERATION_KEY = "admission_plane_prepared_generation"
 #: A named parameter of a compiled PostgreSQL statement (``pyformat``).
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
@@ -142,12 +144,14 @@ def plain_literal(value: object) -> str | None:
     return None
 
 
-def plain_literals(values: list[Any]) -> list[str] | None:
+def plain_literals(values: list[Any], *, bytea: bool = False) -> list[str] | None:
     """``[plain_literal(value) for value in values]``, or ``None`` as soon as one value has no plain literal.
 
     The hot path of every PostgreSQL commit (:meth:`Tx.closing` writes about thirty values a unit): text and
     integers of their exact types are written here without a call per value; every other value goes through
-    :func:`plain_literal`, so the two always agree."""
+    :func:`plain_literal`, so the two always agree. With ``bytea`` (the connection has
+    ``standard_conforming_strings`` on, where the driver writes ``bytes`` as ``'\\x<hex>'::bytea``), values of
+    the exact type ``bytes`` are written that way too (a sealed prompt's nonce, ciphertext and tag)."""
     literals: list[str] = []
     append = literals.append
     for value in values:
@@ -158,6 +162,8 @@ def plain_literals(values: list[Any]) -> list[str] | None:
             append("'" + (value.replace("'", "''") if "'" in value else value) + "'")
         elif kind is int:
             append(str(value) if value >= 0 else f" {value}")
+        elif kind is bytes and bytea:
+            append("'\\x" + value.hex() + "'::bytea")
         else:
             literal = plain_literal(value)
             if literal is None:
@@ -170,6 +176,21 @@ def plain_literals(values: list[Any]) -> list[str] | None:
 def _execute_text(name: str, parameters: int) -> str:
     """``EXECUTE name(%s, ...)`` for a statement prepared by name with ``parameters`` parameters."""
     return f"EXECUTE {name}({', '.join(['%s'] * parameters)})" if parameters else f"EXECUTE {name}"
+
+
+def _kept_cursor(dbapi_connection: Any, info: Any) -> Any:
+    """PostgreSQL: the cursor kept in a pooled connection's ``info`` for every unit on it (made at the first),
+    or ``None`` for a connection without pool record. Each unit runs every statement on it and reads each
+    result before the next statement, as on a cursor of its own; keeping one spares creating a driver cursor
+    per unit. The pool clears ``info`` when the connection is closed or invalidated, and a cursor is used only
+    with the connection that made it."""
+    raw = getattr(dbapi_connection, "dbapi_connection", None)
+    if raw is None or not isinstance(info, dict):
+        return None
+    cursor = info.get(CURSOR_KEY)
+    if cursor is None or cursor.connection is not raw or cursor.closed:
+        cursor = info[CURSOR_KEY] = raw.cursor()
+    return cursor
 
 
 class Returned:
@@ -199,6 +220,7 @@ class Tx:
         "_connection",
         "_cursor",
         "_deferred",
+        "_kept_cursor",
         "_opening",
         "_pending",
         "_returning",
@@ -215,7 +237,11 @@ class Tx:
     ) -> None:
         self.dialect = dialect
         self._connection = dbapi_connection
-        self._cursor: DBAPICursor = dbapi_connection.cursor()
+        info = getattr(dbapi_connection, "info", None)  # the pool record's (a raw driver connection: no functions)
+        #: PostgreSQL, a pooled connection: its one cursor, kept with it from unit to unit (``None``: this
+        #: transaction's own cursor, closed by :meth:`close`).
+        self._kept_cursor: Any = _kept_cursor(dbapi_connection, info) if dialect.name == "postgresql" else None
+        self._cursor: DBAPICursor = self._kept_cursor or dbapi_connection.cursor()
         #: PostgreSQL, inside a transaction the unit commits: what :meth:`send` and :meth:`defer` hold
         #: back (``None``: nothing is held back, every statement runs at once).
         self._pending: list[_Held] | None = [] if batched else None
@@ -238,7 +264,6 @@ class Tx:
         self.shared = shared
         #: PostgreSQL: whether the connection holds the admission index functions
         #: (:mod:`admission_plane.store.session_functions`).
-        info = getattr(dbapi_connection, "info", None)  # the pool record's (a raw driver connection: no functions)
         self.functions: bool = isinstance(info, dict) and info.get(FUNCTIONS_KEY) is True
 
     def defer(self, statement: Statement, params: Mapping[str, Any] | None = None) -> None:
@@ -475,18 +500,20 @@ class Tx:
     def _literals(self, statements: list[tuple[str, Any]]) -> list[str]:
         """PostgreSQL: each ``(sql, values)`` as one text with its values as literals, quoted by the driver.
 
-        Positional values (``%s``) that are all :func:`plain_literal` are written here, as the driver would
-        write them (a statement prepared by name is carried as ``EXECUTE`` of such a list: most of what a
-        commit carries); the rest are quoted by the driver (``ClientCursor.mogrify``)."""
+        Positional values (``%s``) that are all :func:`plain_literal` (or ``bytes``, on a connection with
+        ``standard_conforming_strings`` on: :func:`plain_literals`) are written here, as the driver would write
+        them (a statement prepared by name is carried as ``EXECUTE`` of such a list: most of what a commit
+        carries); the rest are quoted by the driver (``ClientCursor.mogrify``)."""
+        raw: Any = getattr(self._connection, "dbapi_connection", self._connection)
+        bytea = raw.pgconn.parameter_status(b"standard_conforming_strings") == b"on"
         texts: list[str | None] = []
         for sql, values in statements:
-            literals = plain_literals(values) if isinstance(values, list) else None
+            literals = plain_literals(values, bytea=bytea) if isinstance(values, list) else None
             texts.append(None if literals is None else sql % tuple(literals))
         if None not in texts:
             return texts  # type: ignore[return-value]
         from psycopg import ClientCursor  # only PostgreSQL units hold statements back
 
-        raw: Any = getattr(self._connection, "dbapi_connection", self._connection)
         with ClientCursor(raw) as cursor:
             return [
                 cursor.mogrify(sql, values or {}) if text is None else text
@@ -526,5 +553,7 @@ class Tx:
         return self._run(query, params).fetchone() is not None
 
     def close(self) -> None:
-        """Close the cursor (the connection stays with its unit of work)."""
-        self._cursor.close()
+        """Close the cursor, unless it is the one kept with a pooled PostgreSQL connection (the connection stays
+        with its unit of work)."""
+        if self._kept_cursor is None:
+            self._cursor.close()

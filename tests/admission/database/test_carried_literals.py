@@ -79,3 +79,23 @@ def test_plain_literals_are_plain_literal_of_each_value(values: list[object]) ->
     statement to the driver (``None``) as soon as one value has no plain literal."""
     each = [plain_literal(value) for value in values]
     assert plain_literals(values) == (None if None in each else each)
+
+
+@POSTGRES_ONLY
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=st.binary(max_size=64))
+def test_bytes_are_written_as_the_driver_writes_them_and_read_back(raw: Any, value: bytes) -> None:
+    """On a connection with ``standard_conforming_strings`` on (PostgreSQL's default), the commit writes
+    ``bytes`` exactly as the driver would, and the server reads the literal back as the same bytes; without
+    ``bytea`` they are left to the driver."""
+    from psycopg import ClientCursor
+
+    assert raw.pgconn.parameter_status(b"standard_conforming_strings") == b"on"
+    assert plain_literals([value]) is None
+    written = plain_literals([value], bytea=True)
+    assert written is not None
+    with ClientCursor(raw) as cursor:
+        assert written == [cursor.mogrify("%s", [value])]
+    with raw.cursor() as cursor:
+        cursor.execute(f"SELECT {written[0]}", prepare=False)
+        assert cursor.fetchone() == (value,)
