@@ -30,9 +30,13 @@ PAYLOAD_KEY_VERSION = 1
 _NAMESPACE = "paseo-agy-acp"
 
 
+#: ``json.dumps`` with these options would make an encoder per call (it reuses one only for its defaults).
+_JS_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def js_json(value: Any) -> str:
     """JavaScript ``JSON.stringify`` of plain data."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return _JS_JSON.encode(value)
 
 
 class SecretKey:
