@@ -16,7 +16,9 @@ seats, starts or the queue serialise on a transaction-level advisory lock (see
 their first use on a connection (psycopg's ``prepare_threshold=0``; pass
 ``connect_args={"prepare_threshold": None}`` behind a pooler that cannot keep them), and a
 pooled connection is checked with a round trip only when it has been idle for
-:data:`PING_AFTER_IDLE_S` (a connector's back-to-back units do not pay one each). Each new
+:data:`PING_AFTER_IDLE_S` (a connector's back-to-back units do not pay one each; they do not even
+borrow from the pool, but keep their connection for the engine's next unit:
+:mod:`admission_plane.store.parking`). Each new
 connection creates the admission index's functions in its temporary schema
 (:mod:`admission_plane.store.session_functions`), unless ``prepare_threshold`` is ``None``.
 
