@@ -23,9 +23,10 @@ should get:
 * the engine is disposed of (``Engine.dispose``): each kept connection is closed, as the pool closes
   the connections it holds; by the process that kept it only.
 
-A unit that failed gives its connection to the pool as before (one that lost its connection discards
-it); only a unit that ended with the connection idle keeps it. ``checkout`` and ``checkin`` pool
-events fire for the pool's own lending only, not each time a kept connection serves a unit.
+A unit whose work or commit raised gives its connection to the pool as before (one that lost its
+connection discards it); only a unit that ended as planned, with no transaction left open, keeps it.
+``checkout`` and ``checkin`` pool events fire for the pool's own lending only, not each time a kept
+connection serves a unit.
 """
 
 from __future__ import annotations
