@@ -126,6 +126,13 @@ def delay_ms(value: object, label: str) -> float:
     return value
 
 
+def flag(value: object, label: str) -> bool:
+    """``True`` or ``False`` (a truthy value is not accepted: a misplaced argument is refused, not guessed)."""
+    if not isinstance(value, bool):
+        raise InvalidInputError(f"{label} must be True or False")
+    return value
+
+
 def file_path(value: object, label: str) -> str:
     """A filesystem path: text (or an ``os.PathLike`` of text) without NUL that the filesystem encoding can encode
     (a lone surrogate outside ``\\udc80``-``\\udcff`` cannot name a file)."""

@@ -84,12 +84,19 @@ class LeaseFence:
 
 @attrs.frozen
 class AdmittedLease:
-    """A lease issued by admission: the fence to present on every later call, and its request."""
+    """A lease issued by admission: the fence to present on every later call, and its request.
+
+    ``starting`` is true when the admission also moved the lease to ``starting`` in its own transaction
+    (:meth:`~admission_plane.AdmissionPlane.wait_for_admission` with ``start=True``): the connector then
+    skips :meth:`~admission_plane.AdmissionPlane.mark_starting`, which would refuse it. It says what the
+    lease was when it was returned, not what it is now, and takes no part in equality.
+    """
 
     lease_id: str
     request_id: str
     generation: int
     owner_instance_id: str
+    starting: bool = attrs.field(default=False, eq=False, kw_only=True)
 
     @property
     def fence(self) -> LeaseFence:

@@ -3,7 +3,8 @@
 It opens the plane, prints ``ready``, waits for ``go`` on standard input, then for a
 fixed time enqueues its own request (admitted in the same transaction where it can, as the
 turn API does: ``admit_as``; not with ``--enqueue-only``), waits for it with
-``wait_for_admission`` when it was not (polling
+``wait_for_admission(start=True)`` when it was not (its admission starts the lease where it
+can, as the turn API's does; not with ``--start-apart``; polling
 with back-off from ``--poll-ms`` to ``--max-poll-ms``, default 4 ms), and
 drives it to completion, again and again. After the deadline it finishes the turn in
 flight (so no seat stays held) and prints one JSON line: its turns within the window, all
@@ -92,6 +93,8 @@ class GateTimer:
         self.units = 0
         self.commits: list[float] = []
         self._since: dict[int, float] = {}
+        self._cpu_since: dict[int, float] = {}
+        self.held_cpu_s = 0.0
 
     def install(self) -> None:
         from admission_plane.store import unit_of_work
@@ -104,14 +107,18 @@ class GateTimer:
             held = enter(cls, engine)
             if held is not None and timer.enabled:
                 timer._since[id(held)] = time.perf_counter()
+                timer._cpu_since[id(held)] = time.thread_time()
             return held
 
         def timed_leave(held: Any) -> None:
             since = timer._since.pop(id(held), None)
+            cpu_since = timer._cpu_since.pop(id(held), None)
             leave(held)
             if since is not None:
                 timer.held_s += time.perf_counter() - since
                 timer.units += 1
+            if cpu_since is not None:
+                timer.held_cpu_s += time.thread_time() - cpu_since
 
         def timed_commit(uow: Any) -> None:
             start = time.perf_counter()
@@ -127,6 +134,7 @@ class GateTimer:
         commits = sorted(self.commits)
         return {
             "gate_held_s": self.held_s,
+            "gate_held_cpu_s": self.held_cpu_s,
             "gate_units": self.units,
             "commit_s": sum(commits),
             "commit_median_us": commits[len(commits) // 2] * 1e6 if commits else 0.0,
@@ -156,6 +164,7 @@ class Connector:
         self.max_poll_ms = max(args.max_poll_ms, args.poll_ms)
         self.owner = self.plane.owner_identity.owner_instance_id
         self.admit_with_enqueue = not args.enqueue_only
+        self.start_with_admission = not args.start_apart
         self.child = capture(os.getpid())
         self.errors: Counter[str] = Counter()
         self.turns = 0
@@ -202,12 +211,14 @@ class Connector:
                 initial_delay_ms=self.poll_s * 1000,
                 max_delay_ms=self.max_poll_ms,
                 on_wait=self._looked,
+                start=self.start_with_admission,  # as the turn API does
             )
         )
         assert lease is not None, "a queued request without a timeout is always admitted eventually"
         # ``now`` is read before the write lock: a start committed meanwhile by another
         # process may carry a later ``now``; that refusal is counted and retried.
-        self._retry(lambda: plane.mark_starting(lease, _wall_ms()))
+        if not lease.starting:  # a waiter's admission on SQLite starts the lease in its own transaction
+            self._retry(lambda: plane.mark_starting(lease, _wall_ms()))
         record = DispatchRecord(
             request_id=request_id,
             lease_id=lease.lease_id,
@@ -282,6 +293,11 @@ def main(argv: list[str] | None = None) -> int:
         "--enqueue-only",
         action="store_true",
         help="enqueue without admit_as (the turn API admits with the enqueue where it can; this measures without)",
+    )
+    parser.add_argument(
+        "--start-apart",
+        action="store_true",
+        help="a waiter starts its lease in a unit of its own (the turn API has its admission start it where it can)",
     )
     args = parser.parse_args(argv)
     GATE.install()

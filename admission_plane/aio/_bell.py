@@ -183,6 +183,7 @@ async def wait_for_admission(
     on_wait: Callable[[int], object] | None,
     fallback_ms: int,
     adopt: Callable[[AdmittedLease], object] | None = None,
+    start: bool = False,
 ) -> AdmittedLease | None:
     """The async twin of :func:`admission_plane.service._waiting.wait_for_admission`.
 
@@ -199,6 +200,7 @@ async def wait_for_admission(
     v.delay_ms(max_delay_ms, "admission wait maximum delay")
     v.hook(sleep, "admission wait sleep")
     v.hook(on_wait, "admission wait on_wait", optional=True)
+    v.flag(start, "admission wait start")
     deadline = None if timeout_ms is None else ctx.now() + timeout_ms
     delay = initial_delay_ms / 1000
     # PostgreSQL: the first attempt writes at once unless this plane's last wait had to wait, as in the sync
@@ -209,7 +211,7 @@ async def wait_for_admission(
     def look() -> tuple[Chimes | None, int, AdmittedLease | None, Wake | None]:
         seen = bell.read()  # before the look: a ring during the look still counts
         now = ctx.now()
-        lease, wake = admit_request(ctx, request_id, now, owner_instance_id, direct=direct, parallel=True)
+        lease, wake = admit_request(ctx, request_id, now, owner_instance_id, direct=direct, parallel=True, start=start)
         if lease is not None and adopt is not None:
             adopt(lease)
         return seen, now, lease, wake

@@ -114,6 +114,7 @@ class AsyncAdmissionPlane:
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         on_wait: Callable[[int], object] | None = None,
         fallback_ms: int = DOORBELL_FALLBACK_MS,
+        start: bool = False,
     ) -> AdmittedLease | None:
         """:meth:`AdmissionPlane.wait_for_admission <admission_plane.AdmissionPlane.wait_for_admission>`
         without blocking the event loop: the same options, result and errors.
@@ -135,6 +136,7 @@ class AsyncAdmissionPlane:
                 on_wait=on_wait,
                 fallback_ms=fallback_ms,
                 adopt=taken.append,
+                start=start,
             )
         except BaseException:
             if taken:
@@ -154,6 +156,7 @@ class AsyncAdmissionPlane:
         on_wait: Callable[[int], object] | None,
         fallback_ms: int = DOORBELL_FALLBACK_MS,
         adopt: Callable[[AdmittedLease], object] | None = None,
+        start: bool = False,
     ) -> AdmittedLease | None:
         return await wait_for_admission(
             self.plane._ctx,
@@ -168,6 +171,7 @@ class AsyncAdmissionPlane:
             on_wait=on_wait,
             fallback_ms=fallback_ms,
             adopt=adopt,
+            start=start,
         )
 
     async def aclose(self) -> None:

@@ -203,6 +203,7 @@ class AsyncTurn(TurnDecisions):
             sleep=self._sleep,
             on_wait=on_wait,
             adopt=self._adopt,
+            start=True,
         )
         if lease is None:
             stored = await self._call(self.plane.get_request, self.request_id)
@@ -214,6 +215,9 @@ class AsyncTurn(TurnDecisions):
 
     async def _start(self) -> None:
         assert self.lease is not None
+        if self.lease.starting:  # started by its admission (``wait_for_admission(start=True)``)
+            await self._report(S.STARTING)
+            return
         started = self._clock()
         delays = self._backoff.delays()
         while True:

@@ -42,6 +42,7 @@ from ..values import AdmittedLease
 from . import _budgets, _policy
 from ._context import PlaneContext
 from ._enqueue import record_admitting_owner
+from ._lifecycle import start_with_admission
 from ._selection import (
     RANK_HORIZON,
     Choice,
@@ -122,6 +123,7 @@ def _admit(
     *,
     long_way: bool = True,
     whole: bool = True,
+    start: bool = False,
 ) -> AdmittedLease | None:
     """One admission unit: :func:`admit_in_transaction`, its reservation sent with its commit where it can be
     (PostgreSQL with the session functions; ``PlaneContext.run_sent``).
@@ -131,14 +133,15 @@ def _admit(
     a round trip or the connector's own CPU. If the server refuses (the rule does not admit the request now, or
     the case is not one it decides), nothing was committed: the admission takes the long way (reading first),
     unless ``long_way`` is false (a waiter's first attempt, which then looks without the gate). Without ``whole``
-    the admission takes the long way at once (the server has just refused it).
+    the admission takes the long way at once (the server has just refused it). ``start``: as for
+    :func:`admit_in_transaction`.
     """
 
     def sent(tx: Tx) -> AdmittedLease | SentLease | None:
         return admit_in_transaction(ctx, tx, now, owner_instance_id, only, parallel=parallel, sent=True)
 
     def work(tx: Tx) -> AdmittedLease | SentLease | None:
-        return admit_in_transaction(ctx, tx, now, owner_instance_id, only, parallel=parallel)
+        return admit_in_transaction(ctx, tx, now, owner_instance_id, only, parallel=parallel, start=start)
 
     blind = None if only is None or not whole else blind_applies(ctx, owner_instance_id, parallel)
     if blind is not None and only is not None:
@@ -181,6 +184,7 @@ def admit_request(
     plan_wait: bool = True,
     direct: bool = False,
     parallel: bool = False,
+    start: bool = False,
 ) -> tuple[AdmittedLease | None, Wake | None]:
     """Admit ``request_id`` only if the rule would choose exactly it now; else what to wait for.
 
@@ -190,14 +194,15 @@ def admit_request(
     and looks only if that admitted nothing (a waiter's first attempt on PostgreSQL, where the
     look's statements are round trips and a request just queued is often admitted at once).
     With ``parallel`` (a waiter) it may be admitted beside the rule's first choices
-    (:func:`parallel_choice`).
+    (:func:`parallel_choice`). With ``start`` the admission may start the lease in its own transaction
+    (:func:`admit_in_transaction`).
     """
     v.identifier(request_id, "admission request ID")
     v.identifier(owner_instance_id, "admission owner instance ID")
     v.timestamp(now, "admission timestamp")
 
     def attempt(long_way: bool = True, whole: bool = True) -> AdmittedLease | None:
-        return _admit(ctx, now, owner_instance_id, request_id, parallel, long_way=long_way, whole=whole)
+        return _admit(ctx, now, owner_instance_id, request_id, parallel, long_way=long_way, whole=whole, start=start)
 
     if direct:
         lease = attempt(long_way=False)  # if the server refused it, the look below says what to do
@@ -225,6 +230,7 @@ def admit_in_transaction(
     parallel: bool = False,
     sent: bool = False,
     refused: list[Wake | Verdict | None] | None = None,
+    start: bool = False,
 ) -> AdmittedLease | SentLease | None:
     """Time out expired requests, then admit the rule's choice (only if it is ``only_request_id``, when given).
 
@@ -234,6 +240,10 @@ def admit_in_transaction(
     the reservation travels with the commit (``admit_sent``) and the lease is known once it returned.
     With ``refused`` (a list) and ``only_request_id``, an admission that admits nothing appends what a
     waiter's :func:`look` would answer now, from the same reads (see :func:`_waiting.WaitHint`).
+    With ``start`` on SQLite, the admitted lease is also moved to ``starting`` in this transaction where
+    ``mark_starting`` would allow it (:func:`~admission_plane.service._lifecycle.start_with_admission`); the
+    returned lease says so (``AdmittedLease.starting``). It saves a waiter one writing unit (and one durable
+    commit) under the write lock every other writer waits for. PostgreSQL ignores it.
     """
     reads = read_state(ctx, tx, now, expire=True, request_id=only_request_id)
     assert reads is not None, "expire=True times out what expired"
@@ -266,7 +276,10 @@ def admit_in_transaction(
     record_admitting_owner(ctx, tx, owner_instance_id, now)
     if returned is not None:
         return SentLease(lease_id, request_id, owner_instance_id, returned)
-    return AdmittedLease(lease_id, request_id, generation, owner_instance_id)
+    admitted = AdmittedLease(lease_id, request_id, generation, owner_instance_id)
+    if start and not tx.functions and tx.dialect.name == "sqlite" and start_with_admission(ctx, tx, admitted, now):
+        return attrs.evolve(admitted, starting=True)
+    return admitted
 
 
 def _admitted_choice(

@@ -283,6 +283,7 @@ class AdmissionService(RecoveryOperations):
         sleep: Callable[[float], object] = time.sleep,
         on_wait: Callable[[int], object] | None = None,
         fallback_ms: int = _waiting.DOORBELL_FALLBACK_MS,
+        start: bool = False,
     ) -> AdmittedLease | None:
         """Wait until ``request_id`` is admitted; ``None`` on timeout or once the request is no
         longer queued (timed out, cancelled, settled).
@@ -315,10 +316,17 @@ class AdmissionService(RecoveryOperations):
         admission of the same request, for the same owner, admitted nothing starts from what that
         enqueue found under the write lock, without a look of its own first.
 
+        With ``start=True`` the admission also moves the lease to ``starting`` in its own
+        transaction where :meth:`mark_starting` would allow it at that moment (on SQLite, where
+        every writer waits for one write lock: a waiter then costs one writing transaction, and one
+        durable commit, fewer). The returned lease says whether it did (``lease.starting``); if
+        not (PostgreSQL, or a start the limits refused), call :meth:`mark_starting` as usual. The
+        turn API passes it.
+
         ``on_wait(now)`` is called after every look that did not admit (e.g. to show the
         queue position). ``now`` comes from the plane's clock. Delays that are not positive
-        finite numbers, and a ``sleep`` or ``on_wait`` that cannot be called, raise
-        :class:`~admission_plane.errors.InvalidInputError` before the first look.
+        finite numbers, a ``sleep`` or ``on_wait`` that cannot be called and a ``start`` that is
+        not a ``bool`` raise :class:`~admission_plane.errors.InvalidInputError` before the first look.
         """
         return _waiting.wait_for_admission(
             self._ctx,
@@ -330,6 +338,7 @@ class AdmissionService(RecoveryOperations):
             sleep=sleep,
             on_wait=on_wait,
             fallback_ms=fallback_ms,
+            start=start,
         )
 
     # --- the lease lifecycle -------------------------------------------------------------------

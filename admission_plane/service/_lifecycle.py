@@ -248,14 +248,9 @@ def mark_starting(ctx: PlaneContext, fence: LeaseFence, now: int, request_id: st
         shared_start = tx.shared and interval == 0 and window is not None and window <= limit
         if tx.shared and not shared_start:  # see the module docstring for the start lock
             tx.execute(START_LOCK)
-        if not shared_start and (tx.scalar(COUNT_STARTING_LEASES) or 0) >= limit:
-            raise AdmissionStateError("concurrent start limit reached")
-        # With no minimum interval there is nothing to space out: a start stamped a little
-        # before another connector's (clocks are read before the write lock) is not refused.
-        if interval > 0:
-            latest = tx.scalar(LATEST_START)
-            if latest is not None and now < latest + interval:
-                raise AdmissionStateError("start interval has not elapsed")
+        refused = _start_refusal(tx, limit, interval, now, count=not shared_start)
+        if refused is not None:
+            raise AdmissionStateError(refused)
         change(ctx, tx, lease, K.REQUEST_STARTING, S.STARTING, now, locked=True)  # read locked, fenced, phased
         _stamp_start(tx, fence, now, interval, shared=shared_start)
 
@@ -277,6 +272,45 @@ def mark_starting(ctx: PlaneContext, fence: LeaseFence, now: int, request_id: st
         _stamp_start(tx, fence, now, 0, shared=True)
 
     ctx.run_sent(sent, work, gate=Gate.LEASE)
+
+
+def _start_refusal(tx: Tx, limit: int, interval: int, now: int, *, count: bool) -> str | None:
+    """Why a start at ``now`` is refused (``mark_starting``'s message), or ``None``: the starting leases
+    counted (``count``) against ``limit``, and the latest start against ``interval``."""
+    if count and (tx.scalar(COUNT_STARTING_LEASES) or 0) >= limit:
+        return "concurrent start limit reached"
+    # With no minimum interval there is nothing to space out: a start stamped a little
+    # before another connector's (clocks are read before the write lock) is not refused.
+    if interval > 0:
+        latest = tx.scalar(LATEST_START)
+        if latest is not None and now < latest + interval:
+            return "start interval has not elapsed"
+    return None
+
+
+def start_with_admission(ctx: PlaneContext, tx: Tx, lease: AdmittedLease, now: int) -> bool:
+    """SQLite: ``admitted`` -> ``starting`` for the lease its admission just wrote, in that admission's
+    transaction (``wait_for_admission(start=True)``); whether it started.
+
+    It is :func:`mark_starting`'s long way, run where the admission left off: the lease read back under its
+    fence and phase, the policy in force, the starting leases counted against the concurrent-start limit and
+    the latest start against the interval. It refuses nothing: where ``mark_starting`` would refuse, the
+    admission commits alone and the connector starts the lease itself. SQLite holds its write lock for the
+    whole unit, so the checks are exact, as in a unit of their own; the admission's capacity check has just
+    found a start slot and the interval elapsed, so the start is normally made. PostgreSQL never comes here:
+    its admissions and starts take different gates (see the module docstring).
+    """
+    assert not tx.shared, "only a unit that serialises every writer starts in its admission"
+    fence = lease.fence
+    row = _in_phase(tx, fence, frozenset({S.ADMITTED}), "lease is not admitted")
+    policy = effective(ctx, tx).policy
+    interval = policy.min_start_interval_ms
+    if _start_refusal(tx, policy.max_concurrent_starts, interval, now, count=True) is not None:
+        return False
+    change(ctx, tx, row, K.REQUEST_STARTING, S.STARTING, now, locked=True)  # read locked, fenced, phased
+    _stamp_start(tx, fence, now, interval, shared=False)
+    tx.count_neutral = False  # the unit is an admission all the same
+    return True
 
 
 def _stamp_start(tx: Tx, fence: LeaseFence, now: int, interval: int, *, shared: bool) -> None:

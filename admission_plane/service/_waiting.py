@@ -37,6 +37,7 @@ def wait_for_admission(
     sleep: Callable[[float], object],
     on_wait: Callable[[int], object] | None,
     fallback_ms: int,
+    start: bool = False,
 ) -> AdmittedLease | None:
     """See :meth:`admission_plane.AdmissionPlane.wait_for_admission`."""
     v.identifier(request_id, "admission request ID")
@@ -48,6 +49,7 @@ def wait_for_admission(
     v.delay_ms(max_delay_ms, "admission wait maximum delay")
     v.hook(sleep, "admission wait sleep")
     v.hook(on_wait, "admission wait on_wait", optional=True)
+    v.flag(start, "admission wait start")
     deadline = None if timeout_ms is None else ctx.now() + timeout_ms
     doorbell = ctx.doorbell
     # PostgreSQL: the doorbell listens only while someone waits; this waiter takes that interest
@@ -78,7 +80,9 @@ def wait_for_admission(
             else:
                 seen = None if doorbell is None else doorbell.read()
                 now = ctx.now()
-                lease, wake = admit_request(ctx, request_id, now, owner_instance_id, direct=direct, parallel=True)
+                lease, wake = admit_request(
+                    ctx, request_id, now, owner_instance_id, direct=direct, parallel=True, start=start
+                )
                 direct = False
                 if lease is not None:
                     ctx.queue_busy = not first

@@ -207,6 +207,7 @@ class Turn(TurnDecisions):
             max_delay_ms=self._backoff.max_ms,
             sleep=self._sleep,
             on_wait=on_wait,
+            start=True,
         )
         if lease is None:
             stored = self.plane.get_request(self.request_id)
@@ -223,6 +224,9 @@ class Turn(TurnDecisions):
 
     def _start(self) -> None:
         assert self.lease is not None
+        if self.lease.starting:  # started by its admission (``wait_for_admission(start=True)``)
+            self._report(S.STARTING)
+            return
         started = self._clock()
         delays = self._backoff.delays()
         while True:

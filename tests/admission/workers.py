@@ -237,9 +237,15 @@ def turn_fields(request_id: str, agent_id: str, model: str) -> dict[str, Any]:
 
 
 def _admit_one(plane: AdmissionPlane, owner: str, mine: list[str], tally: Tally, rng: random.Random) -> Any:
-    """Half the time admit one of ``mine`` by id (only if the rule would choose it), else the rule's choice."""
-    if mine and rng.random() < 0.5:
+    """A quarter of the time wait briefly for one of ``mine`` (its admission starting it where it can, as the
+    turn API's does), a quarter admit one by id (only if the rule would choose it), else the rule's choice."""
+    roll = rng.random()
+    if mine and roll < 0.5:
         target = rng.choice(mine)
+        if roll < 0.25:
+            return tally.call(
+                "wait_for_admission", lambda: plane.wait_for_admission(target, owner, timeout_ms=20, start=True)
+            )
         return tally.call("admit_request", lambda: plane.admit_request(target, wall_ms(), owner))
     return tally.call("admit_next", lambda: plane.admit_next(wall_ms(), owner))
 
@@ -262,14 +268,17 @@ def drive_turn(
         else:
             tally.violations.append(f"{label} refused")
 
-    for _attempt in range(50):
-        started = tally.call("mark_starting", lambda: plane.mark_starting(lease, wall_ms()))
-        if not tally.failed(started):
-            break
-        time.sleep(0.002)
+    if lease.starting:  # its admission started it (``wait_for_admission(start=True)``)
+        tally.counts["started_by_admission"] += 1
     else:
-        abandon("abandon_unstarted")
-        return
+        for _attempt in range(50):
+            started = tally.call("mark_starting", lambda: plane.mark_starting(lease, wall_ms()))
+            if not tally.failed(started):
+                break
+            time.sleep(0.002)
+        else:
+            abandon("abandon_unstarted")
+            return
     if rng.random() < 0.1:
         abandon("abandon_starting")
         return

@@ -409,3 +409,52 @@ def test_spawned_children_lead_their_own_process_group(plane: AdmissionPlane) ->
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_turn_that_waited_is_started_by_its_admission(plane: AdmissionPlane, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A turn that waits for a seat has its admission start the lease in the same transaction (one writing unit
+    fewer under SQLite's write lock): it reports ``starting`` without calling ``mark_starting``, and the journal
+    has its ``request_starting`` right after its ``request_admitted``."""
+    now = wall_clock_ms()
+    held = []
+    for request_id in ("h-1", "h-2"):
+        plane.enqueue_with_payload(**holder_fields(request_id, now))
+        lease = plane.admit_request(request_id, now, plane.owner_identity.owner_instance_id)
+        assert lease is not None
+        held.append(lease)
+    starts: list[object] = []
+    real_start = plane.mark_starting
+    monkeypatch.setattr(plane, "mark_starting", lambda *args: (starts.append(args), real_start(*args)))
+    phases: list[str] = []
+
+    def progress(_live: Turn, phase: str) -> None:
+        phases.append(phase)
+        if phase == "queued" and len(held) == 2:  # the turn waits: free one seat
+            plane.abandon_before_prompt(held.pop(), wall_clock_ms(), "cancelled")
+
+    with turn(plane, **options(progress=progress)) as live:
+        assert live.child is not None
+        live.child.communicate()
+    assert live.state is RequestState.COMPLETED
+    assert "queued" in phases
+    assert phases[phases.index("admitted") :] == ["admitted", "starting", "dispatch_intent", "active", "completed"]
+    assert starts == [], "the admission started the lease: mark_starting was never called"
+    events = plane.read_sanitized_events(limit=1000)
+    admitted = [i for i, event in enumerate(events) if event.kind == "request_admitted"][-1]
+    assert events[admitted + 1].kind == "request_starting"
+    assert events[admitted + 1].correlation_hmac == events[admitted].correlation_hmac
+
+
+def holder_fields(request_id: str, now: int) -> dict[str, object]:
+    """``enqueue_with_payload`` arguments for a request of another agent that only holds a seat."""
+    return {
+        "request_id": request_id,
+        "session_id": f"session-{request_id}",
+        "agent_id": f"agent-{request_id}",
+        "fingerprint": "fp",
+        "provider": "p",
+        "model": "m",
+        "now": now,
+        "plaintext": "held",
+        "expires_at": now + 600_000,
+    }

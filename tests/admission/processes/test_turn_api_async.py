@@ -532,3 +532,45 @@ def test_an_async_turn_refuses_bad_metadata_command_and_intervals_before_enqueue
     with pytest.raises(InvalidInputError):
         AsyncTurn(AsyncAdmissionPlane(plane), **options(**overrides))  # type: ignore[arg-type]
     assert kinds(plane) == []
+
+
+def test_an_async_turn_that_waited_is_started_by_its_admission_where_it_can(plane: AdmissionPlane, run: Any) -> None:
+    """An async turn that waits for a seat passes ``start=True``: on SQLite its admission starts the lease in the
+    same transaction (``request_starting`` right after its ``request_admitted`` in the journal, and
+    ``mark_starting`` never called); on PostgreSQL it starts as before. Either way the turn completes."""
+    now = wall_clock_ms()
+    owner = plane.owner_identity.owner_instance_id
+    held = []
+    for request_id in ("h-1", "h-2"):
+        plane.enqueue_with_payload(
+            request_id=request_id, session_id=f"s-{request_id}", agent_id=f"agent-{request_id}", fingerprint="fp",
+            provider="p", model="m", now=now, plaintext="held", expires_at=now + 600_000,
+        )  # fmt: skip
+        lease = plane.admit_request(request_id, now, owner)
+        assert lease is not None
+        held.append(lease)
+    starts: list[object] = []
+    real_start = plane.mark_starting
+    plane.mark_starting = lambda *args: (starts.append(args), real_start(*args))  # type: ignore[method-assign]
+
+    def progress(_live: AsyncTurn, phase: str) -> None:
+        if phase == "queued" and len(held) == 2:  # the turn waits: free one seat
+            plane.abandon_before_prompt(held.pop(), wall_clock_ms(), "cancelled")
+
+    async def scenario(aplane: AsyncAdmissionPlane) -> AsyncTurn:
+        async with aplane.turn(**options(progress=progress)) as live:
+            await communicate(live)
+            return live
+
+    try:
+        live = run(scenario)
+    finally:
+        del plane.mark_starting
+    assert live.state is S.COMPLETED
+    sqlite = plane.engine.dialect.name == "sqlite"
+    assert (starts == []) is sqlite
+    events = plane.read_sanitized_events(limit=1000)
+    admitted = [i for i, event in enumerate(events) if event.kind == "request_admitted"][-1]
+    if sqlite:
+        assert events[admitted + 1].kind == "request_starting"
+        assert events[admitted + 1].correlation_hmac == events[admitted].correlation_hmac
