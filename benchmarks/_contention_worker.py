@@ -84,8 +84,9 @@ def _kind(error: BaseException) -> str:
 
 
 class GateTimer:
-    """Times each SQLite writing unit's hold of the writer gate and its ``COMMIT``, by wrapping
-    ``admission_plane.store.unit_of_work`` in this process only (a few perf_counter calls per unit)."""
+    """Times each SQLite writing unit's hold of the writer gate (wall and the holding thread's CPU) and its
+    ``COMMIT``, by wrapping ``admission_plane.store.unit_of_work`` in this process only (a few clock reads
+    per unit)."""
 
     def __init__(self) -> None:
         self.enabled = False

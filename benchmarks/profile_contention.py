@@ -78,7 +78,12 @@ def main(argv: list[str] | None = None) -> None:
     if units:
         held = sum(report["gate_held_s"] for report in reports) / units * 1e6
         commit = sum(report["commit_s"] for report in reports) / units * 1e6
-        print(f"  writer gate: {units} writing units, held {held:.0f} us each, of which COMMIT {commit:.0f} us")
+        cpu = sum(report["gate_held_cpu_s"] for report in reports) / units * 1e6
+        turns = sum(report["turns"] - 1 for report in reports)  # the warm-up turn is not timed
+        print(
+            f"  writer gate: {units} writing units ({units / max(turns, 1):.2f} a turn), held {held:.0f} us each,"
+            f" of which COMMIT {commit:.0f} us; the holder's CPU {cpu:.0f} us each"
+        )
     out = io.StringIO()
     stats = pstats.Stats(str(profile), stream=out)
     wall = stats.total_tt  # type: ignore[attr-defined]
