@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import pytest
 from journal_replay import read_journal, replay
-from planes import Clock
+from planes import Clock, enqueue
 
 from admission_plane import (
     AdmissionPlane,
@@ -30,20 +30,6 @@ from admission_plane.evidence import capture
 from admission_plane.states import EventKind
 
 TWO_SEATS = Policy(2, 2, 0, 1_800_000, 30_000)
-
-
-def submit(plane: AdmissionPlane, request_id: str, now: int, agent_id: str = "agent-a") -> None:
-    plane.enqueue_with_payload(
-        request_id=request_id,
-        session_id="s",
-        agent_id=agent_id,
-        fingerprint="f",
-        provider="p",
-        model="m",
-        now=now,
-        plaintext="prompt",
-        expires_at=now + 10_000_000,
-    )
 
 
 def sqlite(plane: AdmissionPlane) -> bool:
@@ -62,7 +48,7 @@ def test_a_started_admission_moves_the_lease_to_starting_in_one_transaction(
     clock = Clock()
     plane = make_plane(policy=TWO_SEATS, clock=clock)
     owner = plane.owner_identity.owner_instance_id
-    submit(plane, "r1", clock.now)
+    enqueue(plane, "r1", now=clock.now)
     lease = plane.wait_for_admission("r1", owner, sleep=clock.sleep, start=True)
     assert lease is not None
     assert lease.starting is sqlite(plane)
@@ -97,7 +83,7 @@ def test_without_start_the_lease_stays_admitted(make_plane: Callable[..., Admiss
     """The default admits only, on both dialects."""
     clock = Clock()
     plane = make_plane(policy=TWO_SEATS, clock=clock)
-    submit(plane, "r1", clock.now)
+    enqueue(plane, "r1", now=clock.now)
     lease = plane.wait_for_admission("r1", "owner-1", sleep=clock.sleep)
     assert lease is not None
     assert not lease.starting
@@ -115,11 +101,11 @@ def test_a_start_the_limit_refuses_leaves_the_admission_alone(
     wrapping the real check, which is seen to run and to allow the start."""
     clock = Clock()
     plane = make_plane(policy=Policy(2, 2, 0, 1_800_000, 30_000), clock=clock)
-    submit(plane, "holder", clock.now, agent_id="agent-h")
+    enqueue(plane, "holder", now=clock.now, agent_id="agent-h")
     holder = plane.admit_request("holder", clock.now, "owner-0")
     assert holder is not None
     plane.mark_starting(holder, clock.now)
-    submit(plane, "r1", clock.now)
+    enqueue(plane, "r1", now=clock.now)
     from admission_plane.service import _lifecycle
 
     real = _lifecycle._start_refusal
@@ -146,8 +132,8 @@ def test_a_start_interval_is_honoured_by_the_start_in_the_admission(make_plane: 
     stamped: a second lease admitted and started at once would break the interval, so it waits too."""
     clock = Clock()
     plane = make_plane(policy=Policy(3, 3, 1_000, 1_800_000, 30_000), clock=clock)
-    submit(plane, "r1", clock.now, agent_id="agent-1")
-    submit(plane, "r2", clock.now, agent_id="agent-2")
+    enqueue(plane, "r1", now=clock.now, agent_id="agent-1")
+    enqueue(plane, "r2", now=clock.now, agent_id="agent-2")
     first = plane.wait_for_admission("r1", "owner-1", sleep=clock.sleep, start=True)
     assert first is not None
     if not first.starting:
@@ -166,7 +152,7 @@ def test_a_start_that_is_not_a_bool_is_refused_before_any_look(
     """A misplaced argument is refused, not guessed, and changes nothing."""
     clock = Clock()
     plane = make_plane(policy=TWO_SEATS, clock=clock)
-    submit(plane, "r1", clock.now)
+    enqueue(plane, "r1", now=clock.now)
     with pytest.raises(InvalidInputError, match="admission wait start must be True or False"):
         plane.wait_for_admission("r1", "owner-1", sleep=clock.sleep, start=bad)  # type: ignore[arg-type]
     assert plane.get_request("r1").state is RequestState.QUEUED
