@@ -39,6 +39,7 @@ from urllib.parse import quote_plus
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError, DisconnectionError, NoSuchModuleError
+from sqlalchemy.util import asbool
 
 from .. import _validate as v
 from ..errors import InvalidInputError
@@ -59,6 +60,9 @@ MASK = "***"
 
 def parse_url(url: str | URL | os.PathLike[str]) -> URL:
     """Accept a SQLAlchemy URL, or a filesystem path meaning an SQLite file.
+
+    An SQLite file path, as a path or in a URL, is made absolute against the working directory
+    at this call, as the driver makes it (``uri=true`` URLs are left as given).
 
     Raises :class:`InvalidInputError` for anything else: another type (bytes included),
     ``:memory:`` (which cannot be shared between connections or processes), and a path or
@@ -83,12 +87,35 @@ def parse_url(url: str | URL | os.PathLike[str]) -> URL:
             raise InvalidInputError("an in-memory SQLite database cannot hold a shared admission plane")
         if parsed.drivername == "sqlite":
             parsed = parsed.set(drivername="sqlite+pysqlite")
+        parsed = _anchored(parsed)
     elif backend == "postgresql":
         if parsed.drivername == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg")
     else:
         raise InvalidInputError(f"unsupported database backend {backend!r} (use sqlite or postgresql)")
     return _clean(parsed)
+
+
+def _anchored(url: URL) -> URL:
+    """An SQLite ``url`` naming its file by the absolute path the driver opens.
+
+    SQLAlchemy's pysqlite dialect opens ``os.path.abspath`` of a file path, taken once, when the engine is
+    made; the writer gate and the doorbell beside the file are found from the URL
+    (:func:`writer_lock_path`) at every unit. With a relative URL, a later ``chdir`` (a daemon's
+    ``chdir("/")``) would put them beside another file while the data stays where it was: writers of
+    one database would queue on different gates, and waiters would listen at a doorbell nobody rings
+    (SQLite's own lock still serialises the writers, so this is slow, not wrong). Made absolute here
+    the same way, URL, gate and file agree for the engine's life. A ``uri=true`` URL (a ``file:``
+    URI, which SQLite reads itself) is left as given.
+    """
+    database = url.database
+    try:
+        uri = asbool(url.query.get("uri", False))
+    except ValueError:  # not a boolean: the engine refuses the URL (``_create_engine``), as it would anyway
+        return url
+    if not database or uri:
+        return url
+    return url.set(database=os.path.abspath(database))
 
 
 def _clean(url: URL) -> URL:
