@@ -1,0 +1,185 @@
+"""Pages each writing unit of a turn writes on SQLite: ``python -m benchmarks.wal_pages [--dir DIR]``.
+
+Every writing unit appends one frame a page it changed to the ``-wal`` file; with several processes on one
+file, every unit also reads back about as many pages (each commit by another connection empties a
+connection's page cache), so these counts are what a unit costs the writer gate beyond its Python. One
+process on a fresh migrated file runs warm-up turns, empties the ``-wal`` file (``wal_checkpoint(TRUNCATE)``),
+then one turn of each shape: admitted with its enqueue (``admit_as``), and a waiter's (enqueued while every
+seat is held, admitted and started by ``wait_for_admission(start=True)`` once a seat is freed). After each
+unit it reads the frames the unit appended and names the b-tree of each page (SQLite's ``dbstat`` table).
+Nothing here is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sqlite3
+import struct
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from pathlib import Path
+
+from admission_plane import AdmissionPlane, AdmittedLease, DispatchRecord, LiveTurnCompletion, Policy
+from admission_plane.evidence import capture
+
+from ._support import CONTENT_KEY, ENCRYPTION_KEY, migrated, wall_ms
+
+_WAL_HEADER = 32
+_FRAME_HEADER = 24
+#: One seat, so that a second request waits for the first turn's seat.
+_POLICY = Policy(1, 1, 0, 1_800_000, 30_000)
+
+Unit = tuple[str, Callable[[], object]]
+
+
+def _frames(wal: Path, offset: int, page_size: int) -> tuple[list[int], int]:
+    """The page numbers of the frames from ``offset`` to the next commit frame, and the offset after it."""
+    data = wal.read_bytes()
+    pages, position = [], max(offset, _WAL_HEADER)
+    while position + _FRAME_HEADER + page_size <= len(data):
+        page, size_after_commit = struct.unpack(">II", data[position : position + 8])
+        pages.append(page)
+        position += _FRAME_HEADER + page_size
+        if size_after_commit:
+            break
+    return pages, position
+
+
+def _names(database: Path) -> dict[int, str]:
+    """Each page's b-tree (table or index name), from ``dbstat``."""
+    with closing(sqlite3.connect(database)) as connection:
+        return {page: name for name, page in connection.execute("SELECT name, pageno FROM dbstat")}
+
+
+def _truncate(database: Path) -> None:
+    with closing(sqlite3.connect(database)) as connection:
+        connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+class _Turns:
+    """Drives turns on ``plane`` one writing unit at a time (each step returns after one commit)."""
+
+    def __init__(self, plane: AdmissionPlane) -> None:
+        self.plane = plane
+        self.owner = plane.owner_identity.owner_instance_id
+        self.child = capture(os.getpid())
+
+    def enqueue(self, request_id: str, *, admit: bool) -> AdmittedLease | None:
+        now = wall_ms()
+        return self.plane.enqueue_with_payload(
+            request_id=request_id,
+            session_id="session-1",
+            agent_id=f"agent-{request_id}",
+            fingerprint="fingerprint-1",
+            provider="provider-1",
+            model="model-1",
+            now=now,
+            plaintext=f"prompt {request_id}",
+            expires_at=now + 1_800_001,
+            admit_as=self.owner if admit else None,
+        ).admitted
+
+    def after_admission(self, lease: AdmittedLease) -> Iterator[Unit]:
+        """The units of a turn after its admission: start (unless the admission started it), intent, active,
+        completion."""
+        plane = self.plane
+        if not lease.starting:
+            yield "start", lambda: plane.mark_starting(lease, wall_ms())
+        record = DispatchRecord(
+            request_id=lease.request_id,
+            lease_id=lease.lease_id,
+            generation=lease.generation,
+            owner_instance_id=self.owner,
+            connector=plane.owner_identity,
+            child=self.child,
+            prompt_channel="stdin",
+        )
+        yield "dispatch intent", lambda: plane.commit_dispatch_intent(record)
+        yield "active", lambda: plane.mark_active(lease, wall_ms())
+        yield "completion", lambda: plane.complete_live_turn(lease, wall_ms(), LiveTurnCompletion("completed"))
+
+    def whole(self, request_id: str) -> None:
+        lease = self.enqueue(request_id, admit=True)
+        assert lease is not None, "a free seat admits with the enqueue"
+        for _name, unit in self.after_admission(lease):
+            unit()
+
+
+def measure(folder: Path) -> dict[str, list[tuple[str, collections.Counter[str]]]]:
+    """Per turn shape, each writing unit's name and the b-trees of the pages it wrote (a page twice: counted twice)."""
+    database = migrated(folder / "pages.sqlite")
+    wal = Path(f"{database}-wal")
+    plane = AdmissionPlane(
+        str(database), policy=_POLICY, encryption_key=ENCRYPTION_KEY, content_fingerprint_key=CONTENT_KEY
+    )
+    try:
+        turns = _Turns(plane)
+        for index in range(3):
+            turns.whole(f"warm-{index}")
+        with closing(sqlite3.connect(database)) as connection:
+            (page_size,) = connection.execute("PRAGMA page_size").fetchone()
+        shapes: dict[str, list[tuple[str, collections.Counter[str]]]] = {}
+
+        def run(shape: str, units: Iterator[Unit]) -> None:
+            _truncate(database)
+            offset, written = 0, []
+            for name, unit in units:
+                unit()
+                pages, offset = _frames(wal, offset, page_size)
+                if name:  # an unnamed unit is another turn's: its frames are skipped
+                    names = _names(database)
+                    written.append((name, collections.Counter(names.get(page, f"page {page}") for page in pages)))
+            shapes[shape] = written
+
+        def admitted_with_enqueue() -> Iterator[Unit]:
+            leases: list[AdmittedLease | None] = []
+            yield "enqueue + admission", lambda: leases.append(turns.enqueue("at-once", admit=True))
+            assert leases[0] is not None, "a free seat admits with the enqueue"
+            yield from turns.after_admission(leases[0])
+
+        run("admitted with its enqueue", admitted_with_enqueue())
+
+        holder = turns.enqueue("holder", admit=True)
+        assert holder is not None, "a free seat admits with the enqueue"
+        holding = list(turns.after_admission(holder))
+        for _name, unit in holding[:-1]:
+            unit()  # the holder's turn is active: the one seat is held
+
+        def waiting() -> Iterator[Unit]:
+            leases: list[AdmittedLease | None] = []
+            yield "enqueue", lambda: turns.enqueue("waiter", admit=True)  # no free seat: queued
+            yield "", holding[-1][1]  # the holder's completion frees the seat (not counted)
+
+            def admit() -> None:
+                leases.append(plane.wait_for_admission("waiter", turns.owner, start=True))
+
+            yield "admission + start", admit
+            assert leases[0] is not None, "the freed seat admits the waiter"
+            yield from turns.after_admission(leases[0])
+
+        run("a waiter's", waiting())
+        return shapes
+    finally:
+        plane.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print the pages each writing unit of the two turn shapes wrote."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", type=Path, default=None, help="folder for the SQLite file (default: a temp dir)")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(dir=args.dir) as folder:
+        shapes = measure(Path(folder))
+    for shape, units in shapes.items():
+        total = sum(sum(pages.values()) for _name, pages in units)
+        print(f"{shape} turn: {len(units)} writing units, {total} pages")
+        for name, pages in units:
+            trees = ", ".join(f"{tree} x{count}" if count > 1 else tree for tree, count in sorted(pages.items()))
+            print(f"  {name}: {sum(pages.values())} pages: {trees}")
+
+
+if __name__ == "__main__":
+    main()
