@@ -30,11 +30,11 @@ from admission_plane import (
     AdmissionDatabaseError,
     AdmissionError,
     AdmissionStateError,
-    DispatchRecord,
     LiveTurnCompletion,
     Policy,
 )
 from admission_plane.evidence import capture
+from benchmarks._support import dispatch_record, request_fields
 
 T = TypeVar("T")
 #: Error kinds that are raw driver errors (or database errors) reaching the connector.
@@ -193,15 +193,9 @@ class Connector:
         request_id = f"p{self.index}-{self.turns}-{time.monotonic_ns()}"
         enqueued = self._retry(
             lambda: plane.enqueue_with_payload(
-                request_id=request_id,
-                session_id=f"session-{self.index}",
-                agent_id=f"agent-{self.index}",
-                fingerprint="fp-1",
-                provider="antigravity",
-                model="model-bench",
-                now=_wall_ms(),
-                plaintext=f"prompt {request_id}",
-                expires_at=_wall_ms() + 1_800_001,
+                **request_fields(
+                    request_id, _wall_ms(), agent_id=f"agent-{self.index}", session_id=f"session-{self.index}"
+                ),
                 admit_as=self.owner if self.admit_with_enqueue else None,  # as the turn API does
             )
         )
@@ -220,16 +214,7 @@ class Connector:
         # process may carry a later ``now``; that refusal is counted and retried.
         if not lease.starting:  # a waiter's admission on SQLite starts the lease in its own transaction
             self._retry(lambda: plane.mark_starting(lease, _wall_ms()))
-        record = DispatchRecord(
-            request_id=request_id,
-            lease_id=lease.lease_id,
-            generation=lease.generation,
-            owner_instance_id=self.owner,
-            connector=plane.owner_identity,
-            child=self.child,
-            prompt_channel="stdin",
-        )
-        result = plane.commit_dispatch_intent(record)
+        result = plane.commit_dispatch_intent(dispatch_record(plane, lease, self.child))
         if not result.ok:
             self.errors[f"dispatch:{result.reason}"] += 1
             self._retry(lambda: plane.abandon_before_prompt(lease, _wall_ms(), "failed"))

@@ -23,13 +23,13 @@ from typing import Any
 
 import attrs
 
-from admission_plane import AdmissionPlane, DispatchRecord
+from admission_plane import AdmissionPlane
 from admission_plane.crypto import SecretKey, content_fingerprint, event_correlation, seal
 from admission_plane.evidence import capture
 from admission_plane.store.statements import journal, queue, requests
 from admission_plane.store.tx import Statement
 
-from ._support import CONTENT_KEY, ENCRYPTION_KEY
+from ._support import CONTENT_KEY, ENCRYPTION_KEY, dispatch_record
 from ._support import _rows as read_rows
 
 #: How long a queued request may wait (the benchmark policies' queue timeout is the default, 30 min).
@@ -274,14 +274,5 @@ def activate_queued(plane: AdmissionPlane, request_id: str, now: int) -> None:
     lease = plane.admit_request(request_id, now + 1, owner)
     assert lease is not None
     plane.mark_starting(lease, now + 2)
-    record = DispatchRecord(
-        request_id=request_id,
-        lease_id=lease.lease_id,
-        generation=lease.generation,
-        owner_instance_id=owner,
-        connector=plane.owner_identity,
-        child=capture(plane.owner_identity.process.pid),
-        prompt_channel="stdin",
-    )
-    assert plane.commit_dispatch_intent(record).ok
+    assert plane.commit_dispatch_intent(dispatch_record(plane, lease, capture(plane.owner_identity.process.pid))).ok
     plane.mark_active(lease, now + 4)

@@ -206,6 +206,37 @@ def summary(samples: Iterable[float]) -> dict[str, float]:
     }
 
 
+def request_fields(
+    request_id: str, now: int, *, agent_id: str = "agent-0", session_id: str = "session-1"
+) -> dict[str, Any]:
+    """``enqueue_with_payload``'s arguments for a benchmark turn: one key (``antigravity`` / ``model-bench``) and a
+    payload that outlives the queue timeout."""
+    return {
+        "request_id": request_id,
+        "session_id": session_id,
+        "agent_id": agent_id,
+        "fingerprint": "fp-1",
+        "provider": "antigravity",
+        "model": "model-bench",
+        "now": now,
+        "plaintext": f"prompt {request_id}",
+        "expires_at": now + 1_800_001,
+    }
+
+
+def dispatch_record(plane: AdmissionPlane, lease: AdmittedLease, child: ProcessIdentity) -> DispatchRecord:
+    """The dispatch intent of ``lease``'s turn, by ``plane``'s connector, for ``child``, prompt on stdin."""
+    return DispatchRecord(
+        request_id=lease.request_id,
+        lease_id=lease.lease_id,
+        generation=lease.generation,
+        owner_instance_id=plane.owner_identity.owner_instance_id,
+        connector=plane.owner_identity,
+        child=child,
+        prompt_channel="stdin",
+    )
+
+
 class TurnDriver:
     """Drives full turns through one plane and times each operation.
 
@@ -231,17 +262,7 @@ class TurnDriver:
         now, request_id = self.now, f"{self.prefix}-{self.count}"
         ops = self.op_times
         t0 = clock()
-        plane.enqueue_with_payload(
-            request_id=request_id,
-            session_id="session-1",
-            agent_id="agent-0",
-            fingerprint="fp-1",
-            provider="antigravity",
-            model="model-bench",
-            now=now,
-            plaintext=f"prompt {request_id}",
-            expires_at=now + 1_800_001,
-        )
+        plane.enqueue_with_payload(**request_fields(request_id, now))
         t1 = clock()
         lease = plane.admit_next(now + 1, self.owner)
         t2 = clock()
@@ -249,16 +270,7 @@ class TurnDriver:
         assert lease.request_id == request_id, lease
         plane.mark_starting(lease, now + 2)
         t3 = clock()
-        record = DispatchRecord(
-            request_id=request_id,
-            lease_id=lease.lease_id,
-            generation=lease.generation,
-            owner_instance_id=self.owner,
-            connector=plane.owner_identity,
-            child=self.child,
-            prompt_channel="stdin",
-        )
-        result = plane.commit_dispatch_intent(record)
+        result = plane.commit_dispatch_intent(dispatch_record(plane, lease, self.child))
         t4 = clock()
         assert result.ok, result
         plane.mark_active(lease, now + 4)

@@ -33,6 +33,7 @@ from ._support import (
     RESULTS,
     migrated,
     open_plane,
+    request_fields,
     summary,
     wall_ms,
 )
@@ -42,17 +43,7 @@ HELD_SEATS = 3
 
 
 def _enqueue(plane: AdmissionPlane, request_id: str, agent: int, now: int) -> None:
-    plane.enqueue_with_payload(
-        request_id=request_id,
-        session_id="session-1",
-        agent_id=f"agent-{agent}",
-        fingerprint="fp-1",
-        provider="antigravity",
-        model="model-bench",
-        now=now,
-        plaintext=f"prompt {request_id}",
-        expires_at=now + 1_800_001,
-    )
+    plane.enqueue_with_payload(**request_fields(request_id, now, agent_id=f"agent-{agent}"))
 
 
 def _hold_seat(plane: AdmissionPlane, request_id: str, agent: int, now: int) -> None:

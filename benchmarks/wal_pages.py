@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
 
-from admission_plane import AdmissionPlane, AdmittedLease, DispatchRecord, LiveTurnCompletion, Policy
+from admission_plane import AdmissionPlane, AdmittedLease, LiveTurnCompletion, Policy
 from admission_plane.evidence import capture
 
-from ._support import CONTENT_KEY, ENCRYPTION_KEY, migrated, wall_ms
+from ._support import CONTENT_KEY, ENCRYPTION_KEY, dispatch_record, migrated, request_fields, wall_ms
 
 _WAL_HEADER = 32
 _FRAME_HEADER = 24
@@ -68,19 +68,8 @@ class _Turns:
         self.child = capture(os.getpid())
 
     def enqueue(self, request_id: str, *, admit: bool) -> AdmittedLease | None:
-        now = wall_ms()
-        return self.plane.enqueue_with_payload(
-            request_id=request_id,
-            session_id="session-1",
-            agent_id=f"agent-{request_id}",
-            fingerprint="fingerprint-1",
-            provider="provider-1",
-            model="model-1",
-            now=now,
-            plaintext=f"prompt {request_id}",
-            expires_at=now + 1_800_001,
-            admit_as=self.owner if admit else None,
-        ).admitted
+        fields = request_fields(request_id, wall_ms(), agent_id=f"agent-{request_id}")
+        return self.plane.enqueue_with_payload(**fields, admit_as=self.owner if admit else None).admitted
 
     def after_admission(self, lease: AdmittedLease) -> Iterator[Unit]:
         """The units of a turn after its admission: start (unless the admission started it), intent, active,
@@ -88,15 +77,7 @@ class _Turns:
         plane = self.plane
         if not lease.starting:
             yield "start", lambda: plane.mark_starting(lease, wall_ms())
-        record = DispatchRecord(
-            request_id=lease.request_id,
-            lease_id=lease.lease_id,
-            generation=lease.generation,
-            owner_instance_id=self.owner,
-            connector=plane.owner_identity,
-            child=self.child,
-            prompt_channel="stdin",
-        )
+        record = dispatch_record(plane, lease, self.child)
         yield "dispatch intent", lambda: plane.commit_dispatch_intent(record)
         yield "active", lambda: plane.mark_active(lease, wall_ms())
         yield "completion", lambda: plane.complete_live_turn(lease, wall_ms(), LiveTurnCompletion("completed"))
