@@ -24,6 +24,7 @@ from pathlib import Path
 
 from admission_plane import AdmissionPlane, AdmittedLease, LiveTurnCompletion, Policy
 from admission_plane.evidence import capture
+from admission_plane.store.group_commit import wal_path
 
 from ._support import CONTENT_KEY, ENCRYPTION_KEY, dispatch_record, migrated, request_fields, wall_ms
 
@@ -48,15 +49,9 @@ def _frames(wal: Path, offset: int, page_size: int) -> tuple[list[int], int]:
     return pages, position
 
 
-def _names(database: Path) -> dict[int, str]:
+def _names(inspector: sqlite3.Connection) -> dict[int, str]:
     """Each page's b-tree (table or index name), from ``dbstat``."""
-    with closing(sqlite3.connect(database)) as connection:
-        return {page: name for name, page in connection.execute("SELECT name, pageno FROM dbstat")}
-
-
-def _truncate(database: Path) -> None:
-    with closing(sqlite3.connect(database)) as connection:
-        connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return {page: name for name, page in inspector.execute("SELECT name, pageno FROM dbstat")}
 
 
 class _Turns:
@@ -82,46 +77,42 @@ class _Turns:
         yield "active", lambda: plane.mark_active(lease, wall_ms())
         yield "completion", lambda: plane.complete_live_turn(lease, wall_ms(), LiveTurnCompletion("completed"))
 
-    def whole(self, request_id: str) -> None:
-        lease = self.enqueue(request_id, admit=True)
-        assert lease is not None, "a free seat admits with the enqueue"
-        for _name, unit in self.after_admission(lease):
-            unit()
+    def admitted(self, request_id: str) -> Iterator[Unit]:
+        """The units of a turn admitted with its enqueue (a seat must be free)."""
+        leases: list[AdmittedLease | None] = []
+        yield "enqueue + admission", lambda: leases.append(self.enqueue(request_id, admit=True))
+        assert leases[0] is not None, "a free seat admits with the enqueue"
+        yield from self.after_admission(leases[0])
 
 
 def measure(folder: Path) -> dict[str, list[tuple[str, collections.Counter[str]]]]:
     """Per turn shape, each writing unit's name and the b-trees of the pages it wrote (a page twice: counted twice)."""
     database = migrated(folder / "pages.sqlite")
-    wal = Path(f"{database}-wal")
+    wal = Path(wal_path(str(database)))
     plane = AdmissionPlane(
         str(database), policy=_POLICY, encryption_key=ENCRYPTION_KEY, content_fingerprint_key=CONTENT_KEY
     )
-    try:
+    # One more connection, outside the plane: it empties the ``-wal`` file and names the pages.
+    with closing(plane), closing(sqlite3.connect(database)) as inspector:
         turns = _Turns(plane)
         for index in range(3):
-            turns.whole(f"warm-{index}")
-        with closing(sqlite3.connect(database)) as connection:
-            (page_size,) = connection.execute("PRAGMA page_size").fetchone()
+            for _name, unit in turns.admitted(f"warm-{index}"):
+                unit()
+        (page_size,) = inspector.execute("PRAGMA page_size").fetchone()
         shapes: dict[str, list[tuple[str, collections.Counter[str]]]] = {}
 
         def run(shape: str, units: Iterator[Unit]) -> None:
-            _truncate(database)
+            inspector.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             offset, written = 0, []
             for name, unit in units:
                 unit()
                 pages, offset = _frames(wal, offset, page_size)
                 if name:  # an unnamed unit is another turn's: its frames are skipped
-                    names = _names(database)
+                    names = _names(inspector)
                     written.append((name, collections.Counter(names.get(page, f"page {page}") for page in pages)))
             shapes[shape] = written
 
-        def admitted_with_enqueue() -> Iterator[Unit]:
-            leases: list[AdmittedLease | None] = []
-            yield "enqueue + admission", lambda: leases.append(turns.enqueue("at-once", admit=True))
-            assert leases[0] is not None, "a free seat admits with the enqueue"
-            yield from turns.after_admission(leases[0])
-
-        run("admitted with its enqueue", admitted_with_enqueue())
+        run("admitted with its enqueue", turns.admitted("at-once"))
 
         holder = turns.enqueue("holder", admit=True)
         assert holder is not None, "a free seat admits with the enqueue"
@@ -143,8 +134,6 @@ def measure(folder: Path) -> dict[str, list[tuple[str, collections.Counter[str]]
 
         run("a waiter's", waiting())
         return shapes
-    finally:
-        plane.close()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -97,7 +97,8 @@ def parse_url(url: str | URL | os.PathLike[str]) -> URL:
 
 
 def _anchored(url: URL) -> URL:
-    """An SQLite ``url`` naming its file by the absolute path the driver opens.
+    """An SQLite ``url`` (with a database: :func:`parse_url` refused it otherwise) naming its file by the
+    absolute path the driver opens.
 
     SQLAlchemy's pysqlite dialect opens ``os.path.abspath`` of a file path, taken once, when the engine is
     made; the writer gate and the doorbell beside the file are found from the URL
@@ -108,14 +109,11 @@ def _anchored(url: URL) -> URL:
     the same way, URL, gate and file agree for the engine's life. A ``uri=true`` URL (a ``file:``
     URI, which SQLite reads itself) is left as given.
     """
-    database = url.database
     try:
         uri = asbool(url.query.get("uri", False))
     except ValueError:  # not a boolean: the engine refuses the URL (``_create_engine``), as it would anyway
         return url
-    if not database or uri:
-        return url
-    return url.set(database=os.path.abspath(database))
+    return url if uri else url.set(database=os.path.abspath(str(url.database)))
 
 
 def _clean(url: URL) -> URL:
