@@ -6,10 +6,12 @@ speaks one JSON object per line on stdout. Roles:
 
 ``race <db> <index> <seconds> <policy-json> <seed>``
     Drives whole turns on wall-clock time until the deadline, then prints one report.
-``race-v2 <db> <index> <seconds> <policy-v2-json> <seed> [no-capacity-failures]``
+``race-v2 <db> <index> <seconds> <policy-v2-json> <seed> [no-capacity-failures] [until-revision]``
     The same with a whole policy v2 (``Policy.to_json``'s shape) and turns in random lanes, provider/model
     keys and sessions shared with every other worker; the report also names the policy revision the
-    worker's plane sees at the end (it never reopens the plane).
+    worker's plane sees at the end (it never reopens the plane). With ``until-revision`` a worker whose
+    deadline passes before its plane sees a revision (``current_policy().revision >= 1``) goes on until it
+    has seen one and admitted a request after it (at most :data:`UNTIL_REVISION_CAP_S` more).
 ``reaper-loop <db> <seconds> <interval-ms> <policy-json>``
     Calls ``reap_suspects`` with live ``/proc`` readers every interval, then prints totals.
 ``reaper <db> <policy-json>``
@@ -348,10 +350,15 @@ V2_KEYS = (("p1", "m1"), ("p1", "m2"), ("p2", "m1"))
 V2_SESSIONS = tuple(f"shared-session-{n}" for n in range(6))
 
 
+#: How long ``race-v2 ... until-revision`` goes on past its deadline at most, waiting for a revision.
+UNTIL_REVISION_CAP_S = 60.0
+
+
 def run_race_v2(database: str, index: str, seconds: str, policy_json: str, seed: str, *options: str) -> None:
     """Enqueue turns in random lanes, keys and sessions, admit and drive them like :func:`run_race` (no turn
     ends in a capacity failure, which cools its key down, with ``no-capacity-failures``)."""
     capacity_failures = "no-capacity-failures" not in options
+    until_revision = "until-revision" in options
     rng = random.Random(int(seed))
     tally = Tally()
     policy = Policy.from_json(policy_json)
@@ -360,8 +367,17 @@ def run_race_v2(database: str, index: str, seconds: str, policy_json: str, seed:
     deadline = time.monotonic() + float(seconds)
     mine: list[str] = []
     serial = 0
+    admitted_at_revision: int | None = None  # the admissions counted when the plane first saw a revision, late
     try:
-        while time.monotonic() < deadline:
+        while True:
+            if time.monotonic() >= deadline:
+                if not until_revision or time.monotonic() >= deadline + UNTIL_REVISION_CAP_S:
+                    break
+                if admitted_at_revision is None:
+                    if plane.current_policy().revision >= 1:
+                        admitted_at_revision = tally.counts["admitted"]
+                elif tally.counts["admitted"] > admitted_at_revision:
+                    break
             mine = [r for r in mine if _still_queued(plane, r)]
             if len(mine) < 3:
                 request_id = f"w{index}-r{serial}"
