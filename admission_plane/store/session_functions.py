@@ -200,9 +200,12 @@ _KEY_PAUSED = "p.lane = '' AND p.provider <> '' AND p.provider = {0}.provider AN
 #: index, the keys ahead one range of it (at most ``p_horizon`` + 1 read), and per key at most ``p_horizon`` agent
 #: heads past the ones holding seats; a queue with more keys ahead is left to the long way.
 #: ``tests/admission/database/test_blind_admission.py`` holds it to the rule.
-#: The earliest deadline of a queued request, one step of ``turn_requests_state_deadline``: a generic plan of "any
-#: queued row with ``deadline_at <= p_now``" scans the queue (``statements.admission.ANY_EXPIRED`` says why).
-EARLIEST_QUEUED_DEADLINE = f"(SELECT min(deadline_at) FROM turn_requests WHERE state = '{RequestState.QUEUED}')"
+#: The earliest deadline of a queued request that has passed (``NULL``: none), one step of
+#: ``turn_requests_state_deadline``: a generic plan of "any queued row with ``deadline_at <= p_now``" scans the queue
+#: (``statements.admission.ANY_EXPIRED`` says why, and why the range stays).
+EARLIEST_PASSED_DEADLINE = (
+    f"(SELECT min(deadline_at) FROM turn_requests WHERE state = '{RequestState.QUEUED}' AND deadline_at <= p_now)"
+)
 _BLIND_DECLARE = (
     "p_now bigint, p_revision bigint, p_default_seats bigint, p_max_starts bigint, p_parallel boolean, "
     "p_horizon bigint) RETURNS boolean LANGUAGE plpgsql AS $fn$\nDECLARE"
@@ -217,7 +220,7 @@ _BLIND_POLICY = (
     f"\n  ELSIF v_revision IS DISTINCT FROM p_revision OR v_drain IS DISTINCT FROM '{DrainState.STEADY}' THEN"
     "\n    RETURN false;"
     "\n  END IF;"
-    f"\n  IF {EARLIEST_QUEUED_DEADLINE} <= p_now THEN RETURN false; END IF;"
+    f"\n  IF {EARLIEST_PASSED_DEADLINE} IS NOT NULL THEN RETURN false; END IF;"
 )
 _BLIND_RULE = (
     "\n  IF (SELECT min(k.lane) FROM queue_keys k) < x.lane OR (SELECT max(k.lane) FROM queue_keys k) > x.lane THEN"

@@ -635,11 +635,13 @@ def test_the_time_out_check_reads_one_index_entry_whatever_the_queue_depth(
     open_plane: PlaneOpener, database_url: str
 ) -> None:
     """Every admission and every waiter's look first asks whether a queued request is past its deadline
-    (``ANY_EXPIRED``, inside ``ADMISSION_READS``; the blind admission's ``EARLIEST_QUEUED_DEADLINE``). A plane's
+    (``ANY_EXPIRED``, inside ``ADMISSION_READS``; the blind admission's ``EARLIEST_PASSED_DEADLINE``). A plane's
     connections run generic plans, which cannot know ``now``: asked as "any queued row with ``deadline_at <= now``"
     on an analysed deep queue, the plan scanned the whole table on every call (2.1 ms of a 2.3 ms look at 10 000
     queued requests in ``benchmarks/test_depth_adversarial.py``, checked here on the old text). Asked as "is the
-    earliest queued deadline past", each is one step of ``turn_requests_state_deadline``."""
+    earliest passed deadline", each is one step of ``turn_requests_state_deadline`` within the range of passed
+    deadlines: a step from the first ``queued`` entry would walk the entries every request left there while it was
+    queued, dead since and kept until a vacuum."""
     from admission_plane.store.statements.admission import ADMISSION_READS, ANY_EXPIRED
 
     plane = open_plane(database_url)
@@ -654,13 +656,16 @@ def test_the_time_out_check_reads_one_index_entry_whatever_the_queue_depth(
         for name, statement in (("ANY_EXPIRED", ANY_EXPIRED), ("ADMISSION_READS", ADMISSION_READS)):
             sql, defaults = statement.compiled(plane.engine.dialect)
             plans[name] = _generic_plan(cursor, sql, {**defaults, "now": 2_000, "request_id": "queued"})
-        blind = f"SELECT {session_functions.EARLIEST_QUEUED_DEADLINE} <= %(now)s::BIGINT"
+        blind = f"SELECT {session_functions.EARLIEST_PASSED_DEADLINE.replace('p_now', '%(now)s::BIGINT')}"
         plans["blind admission"] = _generic_plan(cursor, blind, {"now": 2_000})
         plans["any row"] = _generic_plan(cursor, _ANY_ROW_EXPIRED, {"now": 2_000})
     finally:
         raw.close()
     assert "Seq Scan on turn_requests" in plans["any row"], plans["any row"]  # what the check must not be
-    assert f"IF {session_functions.EARLIEST_QUEUED_DEADLINE} <= p_now THEN" in session_functions.INSTALL
+    assert f"IF {session_functions.EARLIEST_PASSED_DEADLINE} IS NOT NULL THEN" in session_functions.INSTALL
     for name in ("ANY_EXPIRED", "ADMISSION_READS", "blind admission"):
         assert "turn_requests_state_deadline on turn_requests" in plans[name], (name, plans[name])
         assert "Seq Scan on turn_requests" not in plans[name], (name, plans[name])
+        conditions = [line for line in plans[name].splitlines() if "Index Cond:" in line and "state = " in line]
+        assert conditions, (name, plans[name])
+        assert all("deadline_at <= " in line for line in conditions), (name, plans[name])
