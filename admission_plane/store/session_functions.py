@@ -179,6 +179,12 @@ _SEATS = (
 _STARTING = f"l.phase IN {_in(frozenset(map(str, START_WINDOW_PHASES)))}"
 _COOLING = "c.provider = {0}.provider AND c.model = {0}.model AND c.not_before > p_now"
 _KEY_PAUSED = "p.lane = '' AND p.provider <> '' AND p.provider = {0}.provider AND p.model = {0}.model"
+#: The earliest deadline of a queued request that has passed (``NULL``: none), one step of
+#: ``turn_requests_state_deadline``: a generic plan of "any queued row with ``deadline_at <= p_now``" scans the queue
+#: (``statements.admission.ANY_EXPIRED`` says why, and why the range stays).
+EARLIEST_PASSED_DEADLINE = (
+    f"(SELECT min(deadline_at) FROM turn_requests WHERE state = '{RequestState.QUEUED}' AND deadline_at <= p_now)"
+)
 #: Whether a waiter's request may take a seat now, decided on the server under the admission gate, for an
 #: admission sent whole with its commit (``store.statements.transitions.SENT_BLIND_ADMIT``, chosen by
 #: :func:`admission_plane.service._admission.blind_applies`). It is the rule's answer for the case the rule
@@ -200,12 +206,6 @@ _KEY_PAUSED = "p.lane = '' AND p.provider <> '' AND p.provider = {0}.provider AN
 #: index, the keys ahead one range of it (at most ``p_horizon`` + 1 read), and per key at most ``p_horizon`` agent
 #: heads past the ones holding seats; a queue with more keys ahead is left to the long way.
 #: ``tests/admission/database/test_blind_admission.py`` holds it to the rule.
-#: The earliest deadline of a queued request that has passed (``NULL``: none), one step of
-#: ``turn_requests_state_deadline``: a generic plan of "any queued row with ``deadline_at <= p_now``" scans the queue
-#: (``statements.admission.ANY_EXPIRED`` says why, and why the range stays).
-EARLIEST_PASSED_DEADLINE = (
-    f"(SELECT min(deadline_at) FROM turn_requests WHERE state = '{RequestState.QUEUED}' AND deadline_at <= p_now)"
-)
 _BLIND_DECLARE = (
     "p_now bigint, p_revision bigint, p_default_seats bigint, p_max_starts bigint, p_parallel boolean, "
     "p_horizon bigint) RETURNS boolean LANGUAGE plpgsql AS $fn$\nDECLARE"
