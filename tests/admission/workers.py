@@ -368,16 +368,23 @@ def run_race_v2(database: str, index: str, seconds: str, policy_json: str, seed:
     mine: list[str] = []
     serial = 0
     admitted_at_revision: int | None = None  # the admissions counted when the plane first saw a revision, late
+
+    def going_on() -> bool:
+        """Before the deadline; past it (``until-revision``), until a revision is seen and one more admission made."""
+        nonlocal admitted_at_revision
+        late = time.monotonic() - deadline
+        if late < 0:
+            return True
+        if not until_revision or late >= UNTIL_REVISION_CAP_S:
+            return False
+        if admitted_at_revision is None:
+            if plane.current_policy().revision >= 1:
+                admitted_at_revision = tally.counts["admitted"]
+            return True
+        return tally.counts["admitted"] == admitted_at_revision
+
     try:
-        while True:
-            if time.monotonic() >= deadline:
-                if not until_revision or time.monotonic() >= deadline + UNTIL_REVISION_CAP_S:
-                    break
-                if admitted_at_revision is None:
-                    if plane.current_policy().revision >= 1:
-                        admitted_at_revision = tally.counts["admitted"]
-                elif tally.counts["admitted"] > admitted_at_revision:
-                    break
+        while going_on():
             mine = [r for r in mine if _still_queued(plane, r)]
             if len(mine) < 3:
                 request_id = f"w{index}-r{serial}"

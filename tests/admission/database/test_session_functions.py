@@ -533,6 +533,22 @@ def test_a_turn_behind_a_pooler_checks_its_moves_on_the_client_and_ends_as_with_
     assert table_dump(database_url) == before
 
 
+def _generic_plan(cursor: Any, sql: str, values: dict[str, Any]) -> str:
+    """The plan a plane's connection (``plan_cache_mode = force_generic_plan``) runs ``sql`` with, prepared on the
+    server as the plane prepares it: its ``%(name)s`` parameters become ``$1``, ``$2``... in order of appearance."""
+    names: list[str] = []
+    for name in re.findall(r"%\((\w+)\)s", sql):
+        if name not in names:
+            names.append(name)
+    prepared = re.sub(r"%\((\w+)\)s", lambda match: f"${names.index(match.group(1)) + 1}", sql)
+    cursor.execute(f"PREPARE generic_probe AS {prepared}")
+    try:
+        cursor.execute(f"EXPLAIN EXECUTE generic_probe({', '.join(['%s'] * len(names))})", [values[n] for n in names])
+        return "\n".join(row[0] for row in cursor.fetchall())
+    finally:
+        cursor.execute("DEALLOCATE generic_probe")
+
+
 @POSTGRES_ONLY
 def test_a_plane_connection_counts_its_churning_leases_without_a_bitmap_scan(
     open_plane: PlaneOpener, database_url: str
@@ -548,14 +564,11 @@ def test_a_plane_connection_counts_its_churning_leases_without_a_bitmap_scan(
         with UnitOfWork(plane.engine, read_only=True) as uow:
             assert uow.tx.scalar(show) == expected
     plane = open_plane(database_url)
-    count = "SELECT count(*) FROM leases WHERE phase IN ($1, $2, $3)"
+    count = "SELECT count(*) FROM leases WHERE phase IN (%(a)s::TEXT, %(b)s::TEXT, %(c)s::TEXT)"
     raw = plane.engine.raw_connection()
     try:
-        cursor = raw.dbapi_connection.cursor()
-        cursor.execute(f"PREPARE window_count(text, text, text) AS {count}", prepare=False)
-        cursor.execute("EXPLAIN EXECUTE window_count('admitted', 'starting', 'dispatch_intent')", prepare=False)
-        plan = "\n".join(row[0] for row in cursor.fetchall())
-        cursor.execute("DEALLOCATE window_count", prepare=False)
+        cursor = psycopg.ClientCursor(raw.dbapi_connection)
+        plan = _generic_plan(cursor, count, {"a": "admitted", "b": "starting", "c": "dispatch_intent"})
     finally:
         raw.close()
     assert "Bitmap" not in plan, plan
@@ -612,22 +625,6 @@ def test_the_seat_reads_reach_each_request_by_its_key_whatever_the_planner_knows
 
 #: The time-out check as it was written before: "any queued row past its deadline".
 _ANY_ROW_EXPIRED = "SELECT 1 FROM turn_requests WHERE state = 'queued' AND deadline_at <= %(now)s::BIGINT LIMIT 1"
-
-
-def _generic_plan(cursor: Any, sql: str, values: dict[str, Any]) -> str:
-    """The plan a plane's connection (``plan_cache_mode = force_generic_plan``) runs ``sql`` with, prepared on the
-    server as the plane prepares it: its ``%(name)s`` parameters become ``$1``, ``$2``... in order of appearance."""
-    names: list[str] = []
-    for name in re.findall(r"%\((\w+)\)s", sql):
-        if name not in names:
-            names.append(name)
-    prepared = re.sub(r"%\((\w+)\)s", lambda match: f"${names.index(match.group(1)) + 1}", sql)
-    cursor.execute(f"PREPARE generic_probe AS {prepared}")
-    try:
-        cursor.execute(f"EXPLAIN EXECUTE generic_probe({', '.join(['%s'] * len(names))})", [values[n] for n in names])
-        return "\n".join(row[0] for row in cursor.fetchall())
-    finally:
-        cursor.execute("DEALLOCATE generic_probe")
 
 
 @POSTGRES_ONLY
