@@ -72,6 +72,7 @@ def test_dashboard_live_in_chromium(chromium: Any, plane_file: str, keyed_env: d
     """Chromium sees the dashboard update live as real connectors run turns, pauses admission from the page
     and sees it stop, resumes it, releases a dead host's seat with the token after being refused without it,
     and /metrics agrees with the database."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
@@ -79,11 +80,29 @@ def test_dashboard_live_in_chromium(chromium: Any, plane_file: str, keyed_env: d
     db = plane_file
     stop_file = str(tmp_path / "stop")
     workers: list[subprocess.Popen[str]] = []
-    text = lambda element_id: driver.find_element(By.ID, element_id).text  # noqa: E731
+
+    # The page re-renders its live parts on every refresh: an element found just before may be gone when it is
+    # read or clicked (StaleElementReferenceException), so each is found again until one stays long enough.
+    def text(element_id: str) -> str:
+        deadline = time.monotonic() + 20.0
+        while True:
+            try:
+                return str(driver.find_element(By.ID, element_id).text)
+            except StaleElementReferenceException:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)
+
+    def clicked(selector: str) -> bool:
+        try:
+            driver.find_element(By.CSS_SELECTOR, selector).click()
+        except StaleElementReferenceException:
+            return False
+        return True
 
     def confirm_action(button_id: str) -> str:
         driver.execute_script("document.getElementById('action-result').textContent = ''")
-        driver.find_element(By.CSS_SELECTOR, button_id).click()
+        _wait(lambda: clicked(button_id), f"a click on {button_id}")
         _wait(lambda: driver.find_element(By.ID, "confirm-dialog").is_displayed(), "the confirmation dialog")
         driver.find_element(By.ID, "confirm-yes").click()
         return str(_wait(lambda: text("action-result"), "the action's result"))
