@@ -22,9 +22,6 @@ from .queue import QA, QK, SEATS_LATERAL, SELECT_ACTIVE_COOLDOWNS, SELECT_ENTRY,
 R, L, C, PL, SH = TurnRequest, Lease, Cooldown, TurnPayload, StartHistory
 QUEUED = RequestState.QUEUED
 
-SELECT_EXPIRED: Scalar[str] = Scalar(
-    select(R.request_id).where(R.state == lit(QUEUED), R.deadline_at <= P("now")).order_by(R.request_id)
-)
 #: The earliest deadline of a queued request that has passed (``NULL``: none has). Both dialects read it as one step
 #: of ``turn_requests_state_deadline`` (``state``, ``deadline_at``): the min/max rewrite of PostgreSQL's planner, and
 #: SQLite's, turn ``min`` under an equality on the leading column into the first index entry of the range.
@@ -39,6 +36,19 @@ _earliest_passed_deadline = (
 #: without it the index step starts at the first ``queued`` entry, and walks the entries that every request left
 #: there while it was queued, dead since and kept until a vacuum (P = 8 × 0.89 in alternating windows).
 ANY_EXPIRED: Scalar[int] = Scalar(select(one()).where(_earliest_passed_deadline.is_not(None)))
+#: Every queued request past its deadline, in ``request_id`` order (the original's), for the sweep that times them
+#: out. The range is bounded on both sides, from the earliest passed deadline to ``now``: under a generic plan,
+#: PostgreSQL guesses that "``deadline_at <= $1``" matches a third of the queue and scans the table, but a range
+#: bounded by two values it cannot know it guesses narrow, and reads the range from ``turn_requests_state_deadline``.
+SELECT_EXPIRED: Scalar[str] = Scalar(
+    select(R.request_id)
+    .where(
+        R.state == lit(QUEUED),
+        R.deadline_at >= _earliest_passed_deadline.correlate(None),
+        R.deadline_at <= P("now"),
+    )
+    .order_by(R.request_id)
+)
 
 COUNT_SEAT_LEASES: Scalar[int] = Scalar(select(func.count()).select_from(L).where(one_of(L.phase, SEAT_PHASES)))
 
