@@ -166,6 +166,37 @@ class DispatchRecord:
         if self.connector.owner_instance_id != self.owner_instance_id:
             raise InvalidInputError("dispatch record connector owner does not match the lease owner")
 
+    @classmethod
+    def for_lease(
+        cls,
+        lease: AdmittedLease,
+        connector: ConnectorIdentity,
+        child: ProcessIdentity,
+        *,
+        prompt_channel: PromptChannel | str,
+    ) -> DispatchRecord:
+        """The dispatch record of ``lease``'s turn: ``connector`` (the plane's
+        :attr:`~admission_plane.AdmissionPlane.owner_identity`) hands the prompt to ``child`` over
+        ``prompt_channel`` (``"stdin"`` or ``"pty"``).
+
+        The request, lease, generation and owner are the lease's, so they cannot be mixed up. Raises
+        :class:`~admission_plane.errors.InvalidInputError` when ``lease`` is not an :class:`AdmittedLease`, or
+        when ``connector`` is not the lease's owner (a lease admitted by another plane is not this one's to
+        dispatch).
+        """
+        given: object = lease
+        if not isinstance(given, AdmittedLease):
+            raise InvalidInputError("dispatch record needs the AdmittedLease its turn was admitted with")
+        return cls(
+            request_id=lease.request_id,
+            lease_id=lease.lease_id,
+            generation=lease.generation,
+            owner_instance_id=lease.owner_instance_id,
+            connector=connector,
+            child=child,
+            prompt_channel=prompt_channel,
+        )
+
     @property
     def fence(self) -> LeaseFence:
         return LeaseFence(self.lease_id, self.generation, self.owner_instance_id)

@@ -226,15 +226,7 @@ def request_fields(
 
 def dispatch_record(plane: AdmissionPlane, lease: AdmittedLease, child: ProcessIdentity) -> DispatchRecord:
     """The dispatch intent of ``lease``'s turn, by ``plane``'s connector, for ``child``, prompt on stdin."""
-    return DispatchRecord(
-        request_id=lease.request_id,
-        lease_id=lease.lease_id,
-        generation=lease.generation,
-        owner_instance_id=plane.owner_identity.owner_instance_id,
-        connector=plane.owner_identity,
-        child=child,
-        prompt_channel="stdin",
-    )
+    return DispatchRecord.for_lease(lease, plane.owner_identity, child, prompt_channel="stdin")
 
 
 class TurnDriver:

@@ -235,16 +235,9 @@ class AsyncTurn(TurnDecisions):
     async def _dispatch(self) -> None:
         assert self.lease is not None
         await settle(self._spawn_child())
-        connector = self.plane.owner_identity
         assert self.pid is not None
-        record = DispatchRecord(
-            request_id=self.request_id,
-            lease_id=self.lease.lease_id,
-            generation=self.lease.generation,
-            owner_instance_id=connector.owner_instance_id,
-            connector=connector,
-            child=capture(self.pid),
-            prompt_channel=self.prompt_channel,
+        record = DispatchRecord.for_lease(
+            self.lease, self.plane.owner_identity, capture(self.pid), prompt_channel=self.prompt_channel
         )
         result = await self._call(self.plane.commit_dispatch_intent, record)
         if not result.ok:

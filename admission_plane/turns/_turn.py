@@ -250,15 +250,8 @@ class Turn(TurnDecisions):
             self.pid = spawned
         else:
             raise InvalidInputError("spawn must return a subprocess.Popen or a pid")
-        connector = self.plane.owner_identity
-        record = DispatchRecord(
-            request_id=self.request_id,
-            lease_id=self.lease.lease_id,
-            generation=self.lease.generation,
-            owner_instance_id=connector.owner_instance_id,
-            connector=connector,
-            child=capture(self.pid),
-            prompt_channel=self.prompt_channel,
+        record = DispatchRecord.for_lease(
+            self.lease, self.plane.owner_identity, capture(self.pid), prompt_channel=self.prompt_channel
         )
         result = self.plane.commit_dispatch_intent(record)
         if not result.ok:

@@ -125,15 +125,7 @@ def kill_child_group(child: subprocess.Popen[bytes]) -> None:
 
 def dispatch_record(plane: AdmissionPlane, lease: AdmittedLease, child_pid: int) -> DispatchRecord:
     """The dispatch record of ``lease``: this plane's connector and the real child ``child_pid``."""
-    return DispatchRecord(
-        request_id=lease.request_id,
-        lease_id=lease.lease_id,
-        generation=lease.generation,
-        owner_instance_id=plane.owner_identity.owner_instance_id,
-        connector=plane.owner_identity,
-        child=capture(child_pid),
-        prompt_channel="stdin",
-    )
+    return DispatchRecord.for_lease(lease, plane.owner_identity, capture(child_pid), prompt_channel="stdin")
 
 
 @attrs.define
