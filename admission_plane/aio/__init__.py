@@ -11,7 +11,8 @@
                 turn.fail("provider_capacity")
 
 The options, outcomes and errors are those of :class:`admission_plane.turns.Turn`
-(``run_turn`` and ``wait_for_admission`` have async twins on :class:`AsyncAdmissionPlane`).
+(``run_turn`` and ``wait_for_admission`` have async twins on :class:`AsyncAdmissionPlane`;
+:class:`AsyncAdmissionService` is the same plane without the turn API, which :class:`AsyncTurn` is built on).
 The provider child is an ``asyncio.create_subprocess_exec(..., start_new_session=True)``
 child, the prompt write is awaited (``write`` + ``drain`` + close), and heartbeats are a task.
 
@@ -50,13 +51,15 @@ from __future__ import annotations
 
 from ._bell import AsyncBell
 from ._child import spawn_child, terminate, write_to_stdin
-from ._plane import DEFAULT_BELL_INTERVAL_MS, DEFAULT_WORKERS, AsyncAdmissionPlane
+from ._plane import AsyncAdmissionPlane
+from ._service import DEFAULT_BELL_INTERVAL_MS, DEFAULT_WORKERS, AsyncAdmissionService
 from ._turn import AsyncTurn
 
 __all__ = [
     "DEFAULT_BELL_INTERVAL_MS",
     "DEFAULT_WORKERS",
     "AsyncAdmissionPlane",
+    "AsyncAdmissionService",
     "AsyncBell",
     "AsyncTurn",
     "spawn_child",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..clock import wall_clock_ms
 from ..errors import AdmissionError, AdmissionStateError, InvalidInputError, LeaseFenceError, UnknownLeaseError
@@ -22,14 +22,13 @@ from ..turns._support import (
 )
 from ..turns._turn import _RETRYABLE_START_REFUSALS, _Stage
 from ..values import AdmittedLease, DispatchRecord, LiveTurnCompletion, QueueSnapshot
-from . import _settle
 from ._child import Process, spawn_child, terminate, write_to_stdin
+from ._service import AsyncAdmissionService
 from ._support import maybe_await, settle
 
-if TYPE_CHECKING:
-    from ._plane import AsyncAdmissionPlane
-
 S = RequestState
+#: Errors that mean "stopped from outside" rather than "went wrong": the turn ends ``cancelled``.
+_STOPPED = (KeyboardInterrupt, asyncio.CancelledError)
 Progress = Callable[["AsyncTurn", str], object]
 Spawn = Callable[[], "Awaitable[Process | int] | Process | int"]
 WritePrompt = Callable[["AsyncTurn", str], Awaitable[object]]
@@ -50,7 +49,7 @@ class AsyncTurn(TurnDecisions):
 
     def __init__(
         self,
-        plane: AsyncAdmissionPlane,
+        plane: AsyncAdmissionService,
         *,
         request_id: str,
         session_id: str,
@@ -141,7 +140,7 @@ class AsyncTurn(TurnDecisions):
             await self._start()
             await self._dispatch()
         except BaseException as error:
-            await _settle.unwind(self, error)
+            await self._unwind(error)
             raise
         return self
 
@@ -149,7 +148,7 @@ class AsyncTurn(TurnDecisions):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> None:
         if exc is not None:
-            await _settle.unwind(self, exc)
+            await self._unwind(exc)
             return
         await settle(self._complete())
 
@@ -160,9 +159,9 @@ class AsyncTurn(TurnDecisions):
             assert self.lease is not None
             await self._call(self.plane.complete_live_turn, self.lease, self._clock(), self._settled_completion())
         except BaseException as error:
-            await _settle.settle_after(self, error)
+            await self._settle_after(error)
             raise
-        await _settle.finish(self, self._completion.outcome)
+        await self._finish(self._completion.outcome)
 
     async def _enqueue(self) -> None:
         now = self._clock()
@@ -265,6 +264,69 @@ class AsyncTurn(TurnDecisions):
             self.pid = spawned
         else:
             raise InvalidInputError("spawn must return an asyncio.subprocess.Process or a pid")
+
+    # --- settling after an error or a cancellation: the sync turn's rules, never a requeue ------------
+    # Queued: the request is cancelled. Admitted but no byte of the prompt written: the lease is abandoned
+    # (``cancelled`` for a task cancellation, a time-out or ``KeyboardInterrupt``, else ``failed``) and the
+    # seat is free. The write began: the execution is ``recovery_required`` and the seat stays held. The whole
+    # settlement runs to its end although the task is cancelled again meanwhile (see ``_support.settle``).
+
+    async def _unwind(self, error: BaseException) -> None:
+        """Settle after ``error`` (which the caller re-raises), to the end whatever happens meanwhile."""
+        await settle(self._settle_after(error))
+
+    async def _settle_after(self, error: BaseException) -> None:
+        """Settle the request after ``error`` without ever requeueing it; notes cleanup failures on ``error``."""
+        stage = self._stage
+        self._stage = _Stage.DONE
+        await self._stop_heartbeat()
+        try:
+            if stage == _Stage.QUEUED:
+                await self._cancel_queued()
+            elif stage == _Stage.LEASED:
+                await terminate(self.child)
+                outcome = S.CANCELLED if isinstance(error, _STOPPED) else S.FAILED
+                assert self.lease is not None
+                await self._call(self.plane.abandon_before_prompt, self.lease, self._clock(), outcome)
+                await self._finish(outcome)
+            elif stage == _Stage.WRITING:
+                assert self.lease is not None
+                await self._call(self.plane.mark_execution_recovery_required, self.lease, self._clock())
+                await terminate(self.child)
+                await self._finish(S.RECOVERY_REQUIRED)
+        except Exception as cleanup_error:  # noqa: BLE001 - the caller must see the original error
+            error.add_note(f"admission-plane: settling the turn failed too: {cleanup_error}")
+            await terminate(self.child)
+
+    async def _cancel_queued(self) -> None:
+        plane = self.plane
+        request_id = self.request_id
+        now = self._clock()
+        owner = plane.owner_identity.owner_instance_id
+
+        def cancel() -> RequestState | None:
+            stored = plane.get_request(request_id)
+            if stored is not None and stored.state is S.QUEUED:
+                plane.cancel_queued(request_id, now)
+                return S.CANCELLED
+            # An admission may have committed although its call raised: find our lease and abandon it.
+            for dispatch in plane.list_recoverable_dispatches():
+                mine = dispatch.request_id == request_id and dispatch.fence.owner_instance_id == owner
+                if mine and dispatch.phase is S.ADMITTED:
+                    plane.abandon_before_prompt(dispatch.fence, now, S.FAILED)
+                    return S.FAILED
+            self.state = None if stored is None else stored.state
+            return None
+
+        settled = await self.aplane.call(cancel)
+        if settled is not None:
+            await self._finish(settled)
+
+    async def _finish(self, state: RequestState) -> None:
+        """Record the final ``state`` and report it to ``progress``."""
+        self._stage = _Stage.DONE
+        self.state = state
+        await self._report(state)
 
     # --- heartbeats and progress ----------------------------------------------------------------------
 

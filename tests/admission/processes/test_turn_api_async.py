@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from admission_plane import AdmissionPlane, Budget, InvalidInputError, Policy, RequestState, Usage
-from admission_plane.aio import AsyncAdmissionPlane, AsyncTurn, spawn_child
+from admission_plane.aio import AsyncAdmissionPlane, AsyncAdmissionService, AsyncTurn, spawn_child
 from admission_plane.service import wall_clock_ms
 from admission_plane.store.status import read_status
 from admission_plane.turns import Backoff, TurnNotAdmittedError
@@ -145,6 +145,33 @@ def test_async_turn_runs_the_whole_lifecycle_and_completes(plane: AdmissionPlane
         "request_provider_terminal",
         "request_released",
     ]
+
+
+def test_an_async_turn_runs_on_the_service_without_the_turn_api(plane: AdmissionPlane) -> None:
+    """``AsyncTurn`` is built on ``AsyncAdmissionService`` (the async plane without ``turn``/``run_turn``, as
+    the sync ``Turn`` is built on ``AdmissionService``): a turn constructed on one runs its whole lifecycle, and
+    an error inside its block settles it as on the plane (``recovery_required`` once the prompt was written)."""
+
+    async def scenario() -> tuple[bytes, AsyncTurn, AsyncTurn, str]:
+        async with AsyncAdmissionService(plane) as service:
+            assert not hasattr(service, "turn")
+            shown = repr(service)
+            async with AsyncTurn(service, **options()) as live:
+                reply = await communicate(live)
+            broken = AsyncTurn(service, **options("r-2"))
+            with pytest.raises(RuntimeError, match="boom"):
+                async with broken:
+                    raise RuntimeError("boom")
+            return reply, live, broken, shown
+
+    reply, live, broken, shown = asyncio.run(scenario())
+    assert shown.startswith("<AsyncAdmissionService ")
+    assert reply == b"HELLO THERE"
+    assert live.state is S.COMPLETED
+    assert state(plane) is S.COMPLETED
+    assert broken.state is S.RECOVERY_REQUIRED
+    assert state(plane, "r-2") is S.RECOVERY_REQUIRED
+    assert issubclass(AsyncAdmissionPlane, AsyncAdmissionService)
 
 
 def test_async_turn_records_the_child_identity_and_its_own_session(plane: AdmissionPlane, run: Any) -> None:
