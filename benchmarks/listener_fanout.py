@@ -23,19 +23,14 @@ import os
 import time
 
 import psycopg
-from sqlalchemy.engine import make_url
 
+from ._lock_sampler import libpq_dsn
+from ._support import DEFAULT_POSTGRES_ADMIN_URL, POSTGRES_URL_VARIABLE
 from .cpu_split import server_cpu_seconds
 
 #: The probe's channel: not the plane's, so that no plane's listener counts these rings.
 PROBE_CHANNEL = "admission_plane_fanout_probe"
-DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 _WARM_UP = 50
-
-
-def conninfo(url: str) -> str:
-    """The libpq connection string of a SQLAlchemy URL (``postgresql+psycopg://...``)."""
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def window(dsn: str, listeners: int, rings: int) -> dict[str, float]:
@@ -68,12 +63,12 @@ def window(dsn: str, listeners: int, rings: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database", default=os.environ.get("ADMISSION_PLANE_TEST_POSTGRES_URL", DEFAULT_URL))
+    parser.add_argument("--database", default=os.environ.get(POSTGRES_URL_VARIABLE, DEFAULT_POSTGRES_ADMIN_URL))
     parser.add_argument("--listeners", default="0,8,32,128", help="comma-separated counts of listening connections")
     parser.add_argument("--rings", type=int, default=2_000)
     parser.add_argument("--rounds", type=int, default=2)
     options = parser.parse_args()
-    dsn = conninfo(options.database)
+    dsn, _ = libpq_dsn(options.database)
     counts = [int(value) for value in options.listeners.split(",") if value]
     base: list[float] = []
     for round_ in range(options.rounds):

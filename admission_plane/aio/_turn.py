@@ -19,6 +19,7 @@ from ..turns._support import (
     TurnNotAdmittedError,
     check_turn,
     payload_expiry,
+    withdraw,
 )
 from ..turns._turn import _RETRYABLE_START_REFUSALS, _Stage
 from ..values import AdmittedLease, DispatchRecord, LiveTurnCompletion, QueueSnapshot
@@ -299,28 +300,11 @@ class AsyncTurn(TurnDecisions):
             await terminate(self.child)
 
     async def _cancel_queued(self) -> None:
-        plane = self.plane
-        request_id = self.request_id
-        now = self._clock()
-        owner = plane.owner_identity.owner_instance_id
-
-        def cancel() -> RequestState | None:
-            stored = plane.get_request(request_id)
-            if stored is not None and stored.state is S.QUEUED:
-                plane.cancel_queued(request_id, now)
-                return S.CANCELLED
-            # An admission may have committed although its call raised: find our lease and abandon it.
-            for dispatch in plane.list_recoverable_dispatches():
-                mine = dispatch.request_id == request_id and dispatch.fence.owner_instance_id == owner
-                if mine and dispatch.phase is S.ADMITTED:
-                    plane.abandon_before_prompt(dispatch.fence, now, S.FAILED)
-                    return S.FAILED
-            self.state = None if stored is None else stored.state
-            return None
-
-        settled = await self.aplane.call(cancel)
+        settled, stored = await self.aplane.call(withdraw, self.plane, self.request_id, self._clock())
         if settled is not None:
             await self._finish(settled)
+        else:
+            self.state = stored
 
     async def _finish(self, state: RequestState) -> None:
         """Record the final ``state`` and report it to ``progress``."""

@@ -11,7 +11,8 @@ import attrs
 from .. import _validate as v
 from ..errors import AdmissionStateError, InvalidInputError
 from ..policy import DURABLE_BOUNDS
-from ..states import PromptChannel
+from ..service import AdmissionService
+from ..states import PromptChannel, RequestState
 from ..values import estimated_tokens
 
 #: The request fingerprint used when the caller gives none (it is stored in clear: never derive it from the prompt).
@@ -165,3 +166,21 @@ def check_turn(
     except ValueError:
         raise InvalidInputError("prompt channel must be stdin or pty") from None
     return CheckedTurn(metadata, argv, channel)
+
+
+def withdraw(plane: AdmissionService, request_id: str, now: int) -> tuple[RequestState | None, RequestState | None]:
+    """Take a turn's request out of the queue after an error before its admission was seen (blocking; the sync
+    and asyncio turns share it): cancel it if it is still queued; if an admission committed although its call
+    raised, abandon that lease (``failed``). Returns the turn's final state if this settled it (else ``None``),
+    and the state the request was read in (``None``: not found)."""
+    stored = plane.get_request(request_id)
+    if stored is not None and stored.state is RequestState.QUEUED:
+        plane.cancel_queued(request_id, now)
+        return RequestState.CANCELLED, stored.state
+    owner = plane.owner_identity.owner_instance_id
+    for dispatch in plane.list_recoverable_dispatches():
+        mine = dispatch.request_id == request_id and dispatch.fence.owner_instance_id == owner
+        if mine and dispatch.phase is RequestState.ADMITTED:
+            plane.abandon_before_prompt(dispatch.fence, now, RequestState.FAILED)
+            return RequestState.FAILED, None if stored is None else stored.state
+    return None, None if stored is None else stored.state

@@ -24,6 +24,7 @@ from ._support import (
     TurnNotAdmittedError,
     check_turn,
     payload_expiry,
+    withdraw,
 )
 
 T = TypeVar("T")
@@ -290,22 +291,11 @@ class Turn(TurnDecisions):
             self._terminate_child()
 
     def _cancel_queued(self) -> None:
-        now = self._clock()
-        stored = self.plane.get_request(self.request_id)
-        if stored is not None and stored.state is S.QUEUED:
-            self.plane.cancel_queued(self.request_id, now)
-            self._finish(S.CANCELLED)
-            return
-        # An admission may have committed although its call raised: find our lease and abandon it.
-        owner = self.plane.owner_identity.owner_instance_id
-        for dispatch in self.plane.list_recoverable_dispatches():
-            mine = dispatch.request_id == self.request_id and dispatch.fence.owner_instance_id == owner
-            if mine and dispatch.phase is S.ADMITTED:
-                self.plane.abandon_before_prompt(dispatch.fence, now, S.FAILED)
-                self._finish(S.FAILED)
-                return
-        if stored is not None:
-            self.state = stored.state
+        settled, stored = withdraw(self.plane, self.request_id, self._clock())
+        if settled is not None:
+            self._finish(settled)
+        elif stored is not None:
+            self.state = stored
 
     def _finish(self, state: RequestState) -> None:
         self._stage = _Stage.DONE
